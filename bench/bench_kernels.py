@@ -1,0 +1,81 @@
+"""Single-thread kernel throughput: GB/s of weight bytes streamed per mat-vec (decode) and the
+same matrix against a block of columns (prefill), for each kernel table on this machine.
+
+    python bench/bench_kernels.py [--rows 4096] [--k 4096] [--types Q4_1,Q8_0] [--ncols 1,16]
+
+One 4096 x 4096 matrix (10.5 MB Q4_1, 17.8 MB Q8_0) fits a large L3, so two numbers are shown:
+"cold" cycles through enough copies (>= 256 MB) that every call streams its weights from DRAM,
+as decode does for a real model; "hot" repeats one matrix (L3-resident when it fits). Prefill
+(ncols > 1) numbers count each weight byte once per call.
+"""
+import argparse
+import time
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+from pydecode._core import ffi, lib
+
+
+def random_weights(qtype, rows, k, rng):
+    """Random quant bytes with sane f16 scales (a valid tensor without running a quantizer)."""
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    w = rng.integers(0, 256, (rows, k // block * nbytes), dtype=np.uint8)
+    if block == 32:   # scale (and min) f16 fields at the start of each block
+        blocks = w.reshape(rows, k // 32, nbytes)
+        nscale = 2 if qtype in (QT.Q4_1, QT.Q5_1) else 1
+        blocks[..., : 2 * nscale] = np.full(nscale, 0.01, np.float16).view(np.uint8)
+    elif qtype in (QT.F16, QT.BF16, QT.F32):
+        w = rng.standard_normal((rows, k)).astype(
+            {QT.F16: np.float16, QT.F32: np.float32, QT.BF16: np.float32}[qtype])
+        if qtype == QT.BF16:
+            w = (w.view(np.uint32) >> 16).astype(np.uint16)
+        w = w.view(np.uint8).reshape(rows, -1)
+    return np.ascontiguousarray(w)
+
+
+def bench(isa, qtype, ws, rows, k, ncols, min_time=0.5):
+    """Best and median seconds per call, cycling through the weight copies ws."""
+    x = np.random.default_rng(1).standard_normal((ncols, k)).astype(np.float32)
+    y = np.empty((ncols, rows), np.float32)
+    calls = [(isa.encode(), int(qtype), ffi.from_buffer(w), w.shape[1], rows, k,
+              ffi.from_buffer("float[]", x), ncols, ffi.from_buffer("float[]", y)) for w in ws]
+    for args in calls:
+        assert lib.pd_kernel_matmul(*args) == lib.PD_OK   # warm-up (page faults)
+    times, start, i = [], time.perf_counter(), 0
+    while time.perf_counter() - start < min_time or len(times) < 3:
+        t = time.perf_counter()
+        lib.pd_kernel_matmul(*calls[i % len(calls)])
+        times.append(time.perf_counter() - t)
+        i += 1
+    return min(times), float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--types", default="Q4_1,Q8_0")
+    ap.add_argument("--ncols", default="1")
+    ap.add_argument("--isas", default="scalar,avx2")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"{args.rows} x {args.k}, single thread; GB/s = weight bytes / best time (median)")
+    for name in args.types.split(","):
+        qtype = QT[name]
+        w = random_weights(qtype, args.rows, args.k, rng)
+        cold = [w] + [w.copy() for _ in range(-(-(256 << 20) // w.nbytes) - 1)]
+        for ncols in map(int, args.ncols.split(",")):
+            for isa in args.isas.split(","):
+                if not lib.pd_isa_supported(isa.encode()):
+                    print(f"{name:5s} ncols={ncols:<3d} {isa:7s} not supported here")
+                    continue
+                for label, ws in (("cold", cold), ("hot", [w])):
+                    best, med = bench(isa, qtype, ws, args.rows, args.k, ncols)
+                    print(f"{name:5s} ncols={ncols:<3d} {isa:7s} {label:4s} {best * 1e3:8.3f} ms "
+                          f"{w.nbytes / best / 1e9:6.2f} GB/s (median {w.nbytes / med / 1e9:5.2f})"
+                          f" {2 * args.rows * args.k * ncols / best / 1e9:6.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+/* Kernel entry points for tests and benchmarks: validate everything, then call one table entry.
+ * Bad input returns PD_EINVAL (never a crash): these are reachable from Python with any args. */
+#include "kernels.h"
+#include "pydecode.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !x || !out || k <= 0 || k % PD_QK) return PD_EINVAL;
+    kt->quantize_q8(x, (pd_q8 *)out, k);
+    return PD_OK;
+}
+
+int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
+                     const float *x, int ncols, float *y) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || type < 0 || type >= PD_NTYPES || !kt->matmul[type]) return PD_EINVAL;
+    const int bs = pd_type_block_size(type), act = pd_type_act_format(type);
+    if (bs <= 0 || k <= 0 || k % bs || nrows <= 0 || ncols <= 0 || !w || !x || !y) return PD_EINVAL;
+    if (w_stride < (size_t)(k / bs) * pd_type_block_bytes(type)) return PD_EINVAL;
+    if (act == PD_ACT_F32) {
+        kt->matmul[type](k, w, w_stride, nrows, x, (size_t)k * sizeof(float), ncols, y, nrows);
+        return PD_OK;
+    }
+    if (act != PD_ACT_Q8 || k % PD_QK) return PD_EINVAL;
+    const size_t xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
+    pd_q8 *xq = malloc(xs * ncols);
+    if (!xq) return PD_ENOMEM;
+    for (int c = 0; c < ncols; c++)
+        kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)((char *)xq + c * xs), k);
+    kt->matmul[type](k, w, w_stride, nrows, xq, xs, ncols, y, nrows);
+    free(xq);
+    return PD_OK;
+}
+
+int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !x || !y || n < 0) return PD_EINVAL;
+    kt->f32_to_f16(x, y, n);
+    return PD_OK;
+}
+
+int pd_kernel_dequantize_row(int type, const void *w, float *y, int k) {
+    if (!w || !y || k <= 0) return PD_EINVAL;
+    return pd_dequantize_row(type, w, y, k) == 0 ? PD_OK : PD_EINVAL;
+}
+
+/* One query against n_pos cached K/V rows: out = softmax(scale * q.K^T) V. The max is
+ * subtracted before exp so large scores cannot overflow; out is normalized once at the end. */
+int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
+                   int n_pos, int head_dim, float scale, float *out) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !q || !k || !v || !out || n_pos <= 0 || head_dim <= 0) return PD_EINVAL;
+    float *p = malloc((size_t)n_pos * sizeof(float));
+    if (!p) return PD_ENOMEM;
+    float mx = -INFINITY;
+    for (int i = 0; i < n_pos; i++) {
+        const size_t off = (size_t)i * head_dim;
+        p[i] = scale * (f16 ? kt->dot_f16(q, (const uint16_t *)k + off, head_dim)
+                            : kt->dot_f32(q, (const float *)k + off, head_dim));
+        mx = p[i] > mx ? p[i] : mx;
+    }
+    float sum = 0.0f;
+    memset(out, 0, (size_t)head_dim * sizeof(float));
+    for (int i = 0; i < n_pos; i++) {
+        const size_t off = (size_t)i * head_dim;
+        const float e = expf(p[i] - mx);
+        sum += e;
+        if (f16) kt->axpy_f16(out, e, (const uint16_t *)v + off, head_dim);
+        else kt->axpy_f32(out, e, (const float *)v + off, head_dim);
+    }
+    for (int j = 0; j < head_dim; j++) out[j] /= sum;
+    free(p);
+    return PD_OK;
+}

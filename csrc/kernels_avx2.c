@@ -1,0 +1,381 @@
+/* AVX2 + FMA + F16C kernels (this file alone is compiled with -mavx2 -mfma -mf16c).
+ *
+ * Block formats x pd_q8 activations: per 32-value block, the weight quants are unpacked to 32
+ * bytes, multiplied with the activation bytes by vpmaddubsw (unsigned x signed -> 16 int16 pair
+ * sums; q8_0 weights are signed, so their sign moves onto the activation: |w| * sign(x, w)),
+ * widened by vpmaddwd with ones to 8 int32, converted, and fmadd'ed with the block scale
+ * dw*dx into a float accumulator; one horizontal sum per output at the end. Each integer block
+ * dot is exact, so results differ from the scalar table only in float summation order.
+ *
+ * Tiling: a tile is R weight rows x C activation columns. Each activation block is loaded once
+ * for R rows and each unpacked weight block serves C columns. Rows are the outer loop, so a
+ * tile's weight rows stay in L1 while all columns pass (prefill reads the weights once); with
+ * ncols == 1 (decode) the 4 rows are 4 sequential streams for the hardware prefetcher.
+ */
+#if defined(__AVX2__)
+#include "kernels.h"
+#include <immintrin.h>
+#include <string.h>
+
+/* Only the FMAs written below: an automatically fused x*id - t in quantize_q8 would round
+ * differently from the reference (GNU C contracts vector expressions by default). */
+#pragma GCC optimize("fp-contract=off")
+
+#define AI static inline __attribute__((always_inline))
+#ifndef QCMAX
+#define QCMAX 4 /* max columns per quant tile: 4x4 accumulators (measured best of 2..4) */
+#endif
+#ifndef FCMAX
+#define FCMAX 3 /* float formats: 4x3 (at 4x4 the weight and x registers spill) */
+#endif
+#ifndef PF_DIST
+#define PF_DIST 4096 /* bytes ahead per weight row (measured: 1024 -> 4096 = +15..70% cold GB/s) */
+#endif
+
+AI float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+AI uint16_t ld16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* Software prefetch for a 4-row tile walking its rows in lock-step: the byte PF_DIST ahead in
+ * the same row, or, past the row's end, in the rows 4 (8, ...) below, which the next tiles read
+ * first; the hardware prefetcher cannot guess those jumps. pf points at row 0's target. */
+typedef struct { const char *p; size_t off, rb, jump; } pd_pf;
+
+AI pd_pf pf_init(const char *w, size_t rb, size_t ws) {
+    const size_t tiles = PF_DIST / rb;
+    return (pd_pf){w + tiles * 4 * ws + PF_DIST % rb, PF_DIST % rb, rb, 4 * ws - rb};
+}
+AI void pf_advance(pd_pf *pf, size_t bytes) {
+    pf->p += bytes;
+    pf->off += bytes;
+    if (pf->off >= pf->rb) { pf->off -= pf->rb; pf->p += pf->jump; }
+}
+
+/* ---------------------------------------------------------------- activation quantization */
+
+static void quantize_q8(const float *x, pd_q8 *y, int k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float d = _mm_cvtss_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            /* roundf (half away from zero), not the FPU's half-to-even: truncate, then step
+             * one away from zero when the (exact) fraction is >= 0.5. */
+            const __m256 t = _mm256_mul_ps(v[i], vid);
+            const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr));
+            const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
+                                              _mm256_or_ps(one, _mm256_and_ps(t, sign)));
+            q[i] = _mm256_cvtps_epi32(_mm256_add_ps(tr, step));
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        /* int32 -> int8: the packs interleave 4-value groups per 128-bit lane; undo with a permute */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y[b].qs, _mm256_permutevar8x32_epi32(p, order));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        y[b].d = d;
+        y[b].s = d * (float)_mm_cvtsi128_si32(s);
+    }
+}
+
+/* ---------------------------------------------------------------- block formats x pd_q8 */
+
+enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
+
+AI size_t blk_bytes(int T) {
+    return T == T_Q4_0 ? sizeof(pd_block_q4_0) : T == T_Q4_1 ? sizeof(pd_block_q4_1)
+         : T == T_Q5_0 ? sizeof(pd_block_q5_0) : T == T_Q5_1 ? sizeof(pd_block_q5_1)
+         : sizeof(pd_block_q8_0);
+}
+AI int has_min(int T) { return T == T_Q4_1 || T == T_Q5_1; }
+/* q4_0/q5_0 are unpacked unsigned; their offset (8/16) is subtracted as off*sum(x) in int16. */
+AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : 0; }
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles are values 0..15, the high ones 16..31.
+ * Both lanes get the 16 bytes; the upper lane is shifted right by 4 before the mask. */
+AI __m256i nibbles(const char *qs) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)),
+                            _mm256_set1_epi8(0x0f));
+}
+
+/* The 32 fifth bits (little-endian word at qh) -> 0x10 in byte j where bit j is set. */
+AI __m256i fifth_bits(const char *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);  /* byte j = byte j/8 of h */
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Block b of a row as 32 quant bytes (unsigned, except q8_0: signed). */
+AI __m256i unpack(int T, const char *blk) {
+    switch (T) {
+    case T_Q4_0: return nibbles(blk + 2);
+    case T_Q4_1: return nibbles(blk + 4);
+    case T_Q5_0: return _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
+    case T_Q5_1: return _mm256_or_si256(nibbles(blk + 8), fifth_bits(blk + 4));
+    default:     return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    }
+}
+
+/* The f16 at p + r*stride for r < R as floats in lanes 0..R-1 (zeros after). */
+AI __m128 load_h4(const char *p, size_t stride, int R) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)ld16(p), R > 1 ? (short)ld16(p + stride) : 0,
+                                       R > 2 ? (short)ld16(p + 2 * stride) : 0,
+                                       R > 3 ? (short)ld16(p + 3 * stride) : 0, 0, 0, 0, 0));
+}
+
+AI __m256 bcast_lane(__m256 v2, int r) {   /* v2 holds the same 4 floats in both halves */
+    switch (r) {
+    case 0: return _mm256_shuffle_ps(v2, v2, 0x00);
+    case 1: return _mm256_shuffle_ps(v2, v2, 0x55);
+    case 2: return _mm256_shuffle_ps(v2, v2, 0xaa);
+    default: return _mm256_shuffle_ps(v2, v2, 0xff);
+    }
+}
+
+/* Y[c][r] for an R x C tile, over nb blocks. w: first row; x: first column. */
+AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
+               float *y, size_t ys) {
+    const size_t bb = blk_bytes(T);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][QCMAX];
+    __m128 macc[QCMAX];   /* min term m*s of formats with a minimum; lane r = row r */
+#pragma GCC unroll 16
+    for (int i = 0; i < R * C; i++) acc[i / C][i % C] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) macc[c] = _mm_setzero_ps();
+
+    pd_pf pf = pf_init(w, nb * bb, ws);
+    for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
+        const char *wb = w + b * bb;
+        const __m128 dw = load_h4(wb, ws, R);
+        const __m128 mw = has_min(T) ? load_h4(wb + 2, ws, R) : _mm_setzero_ps();
+        const pd_q8 *xb[QCMAX];
+        __m256i xq[QCMAX], xoff[QCMAX];
+        __m256 dd[QCMAX];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            xb[c] = (const pd_q8 *)(x + c * xs) + b;
+            xq[c] = _mm256_loadu_si256((const __m256i *)xb[c]->qs);
+            if (offset(T)) xoff[c] = _mm256_maddubs_epi16(_mm256_set1_epi8((char)offset(T)), xq[c]);
+            const __m128 d = _mm_mul_ps(dw, _mm_set1_ps(xb[c]->d));
+            dd[c] = _mm256_set_m128(d, d);
+            if (has_min(T)) macc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(xb[c]->s), macc[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            _mm_prefetch(pf.p + r * ws, _MM_HINT_T0);
+            const __m256i q = unpack(T, wb + r * ws);
+            const __m256i aq = T == T_Q8_0 ? _mm256_sign_epi8(q, q) : q;
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256i p = T == T_Q8_0 ? _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq[c], q))
+                                        : _mm256_maddubs_epi16(q, xq[c]);
+                if (offset(T)) p = _mm256_sub_epi16(p, xoff[c]);
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                acc[r][c] = _mm256_fmadd_ps(f, bcast_lane(dd[c], r), acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float m[4];
+        _mm_storeu_ps(m, macc[c]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[c * ys + r] = hsum(acc[r][c]) + m[r];
+    }
+}
+
+/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
+ * groups of up to CM. tile(R, C, row0, col0) must be a macro of constant R, C. */
+#define RUN_TILES(CM, TILE)                                                                   \
+    _Static_assert(CM >= 1 && CM <= 4, "RUN_TILES has cases for up to 4 columns");            \
+    for (int r = 0; r < nrows;) {                                                             \
+        const int R = nrows - r >= 4 ? 4 : 1;                                                 \
+        for (int c = 0; c < ncols;) {                                                         \
+            const int C = ncols - c >= CM ? CM : ncols - c;                                   \
+            switch (R * 8 + C) {                                                              \
+            case 4 * 8 + 1: TILE(4, 1, r, c); break;                                          \
+            case 4 * 8 + 2: TILE(4, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 4 * 8 + 3: TILE(4, CM > 2 ? 3 : 1, r, c); break;                             \
+            case 4 * 8 + 4: TILE(4, CM > 3 ? 4 : 1, r, c); break;                             \
+            case 1 * 8 + 1: TILE(1, 1, r, c); break;                                          \
+            case 1 * 8 + 2: TILE(1, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 1 * 8 + 3: TILE(1, CM > 2 ? 3 : 1, r, c); break;                             \
+            default:        TILE(1, CM > 3 ? 4 : 1, r, c); break;                             \
+            }                                                                                 \
+            c += C;                                                                           \
+        }                                                                                     \
+        r += R;                                                                               \
+    }
+
+#define Q_MATMUL(name, T)                                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
+                     int ncols, float *y, size_t ys) {                                       \
+        const int nb = k / PD_QK;                                                             \
+        RUN_TILES(QCMAX, Q_TILE_##T)                                                          \
+    }
+#define Q_TILE(T, R_, C_, r, c)                                                               \
+    tile_q(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
+           y + (c) * ys + (r), ys)
+#define Q_TILE_T_Q4_0(R_, C_, r, c) Q_TILE(T_Q4_0, R_, C_, r, c)
+#define Q_TILE_T_Q4_1(R_, C_, r, c) Q_TILE(T_Q4_1, R_, C_, r, c)
+#define Q_TILE_T_Q5_0(R_, C_, r, c) Q_TILE(T_Q5_0, R_, C_, r, c)
+#define Q_TILE_T_Q5_1(R_, C_, r, c) Q_TILE(T_Q5_1, R_, C_, r, c)
+#define Q_TILE_T_Q8_0(R_, C_, r, c) Q_TILE(T_Q8_0, R_, C_, r, c)
+Q_MATMUL(matmul_q4_0, T_Q4_0)
+Q_MATMUL(matmul_q4_1, T_Q4_1)
+Q_MATMUL(matmul_q5_0, T_Q5_0)
+Q_MATMUL(matmul_q5_1, T_Q5_1)
+Q_MATMUL(matmul_q8_0, T_Q8_0)
+
+/* ---------------------------------------------------------------- float formats x float */
+
+enum { T_F32, T_F16, T_BF16 };
+
+AI __m256 load8(int T, const char *row, int i) {   /* weights i..i+7 of a row as floats */
+    switch (T) {
+    case T_F32: return _mm256_loadu_ps((const float *)row + i);
+    case T_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    default:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+    }
+}
+AI float load1(int T, const char *row, int i) {
+    return T == T_F32 ? ((const float *)row)[i]
+         : T == T_F16 ? _cvtsh_ss(((const uint16_t *)row)[i])
+                      : pd_bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
+AI void tile_f(int T, int R, int C, int k, const char *w, size_t ws, const char *x, size_t xs,
+               float *y, size_t ys) {
+    __m256 acc[4][FCMAX];
+#pragma GCC unroll 16
+    for (int i = 0; i < R * C; i++) acc[i / C][i % C] = _mm256_setzero_ps();
+    int i = 0;
+    const size_t es = T == T_F32 ? 4 : 2;
+    pd_pf pf = pf_init(w, k * es, ws);
+    for (; i + 8 <= k; i += 8, pf_advance(&pf, 8 * es)) {
+        __m256 xv[FCMAX];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * xs) + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            _mm_prefetch(pf.p + r * ws, _MM_HINT_T0);
+            const __m256 wv = load8(T, w + r * ws, i);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            float s = hsum(acc[r][c]);
+            for (int j = i; j < k; j++) s += load1(T, w + r * ws, j) * ((const float *)(x + c * xs))[j];
+            y[c * ys + r] = s;
+        }
+}
+
+#define F_MATMUL(name, T)                                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
+                     int ncols, float *y, size_t ys) {                                       \
+        RUN_TILES(FCMAX, F_TILE_##T)                                                          \
+    }
+#define F_TILE(T, R_, C_, r, c)                                                               \
+    tile_f(T, R_, C_, k, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,     \
+           y + (c) * ys + (r), ys)
+#define F_TILE_T_F32(R_, C_, r, c) F_TILE(T_F32, R_, C_, r, c)
+#define F_TILE_T_F16(R_, C_, r, c) F_TILE(T_F16, R_, C_, r, c)
+#define F_TILE_T_BF16(R_, C_, r, c) F_TILE(T_BF16, R_, C_, r, c)
+F_MATMUL(matmul_f32, T_F32)
+F_MATMUL(matmul_f16, T_F16)
+F_MATMUL(matmul_bf16, T_BF16)
+
+/* ---------------------------------------------------------------- attention / KV helpers */
+
+static float dot_f32(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+AI __m256 ld_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static float dot_f16(const float *a, const uint16_t *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_h8(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), ld_h8(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_h8(b + i), s0);
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * _cvtsh_ss(b[i]);
+    return s;
+}
+
+static void axpy_f32(float *y, float a, const float *x, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, ld_h8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
+}
+
+static void f32_to_f16(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)   /* vcvtps2ph rounds to nearest even, like pd_f32_to_f16 */
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
+}
+
+const pd_kernels pd_kernels_avx2 = {
+    .name = "avx2",
+    .quantize_q8 = quantize_q8,
+    .matmul = {
+        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
+        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
+        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
+    },
+    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
+    .f32_to_f16 = f32_to_f16,
+};
+#endif

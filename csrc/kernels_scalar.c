@@ -1,0 +1,164 @@
+/* Portable reference kernels: plain C, one output at a time, written for clarity.
+ * They define the exact arithmetic the SIMD tables must agree with: per 32-value block an
+ * exact integer dot product, then one float multiply-add into a float row sum. */
+#include "kernels.h"
+#include <math.h>
+
+/* x[i] ~= d*q[i] with d = amax/127 and q = round-half-away(x*(1/d)): the rule of gguf's numpy
+ * Q8_0 quantizer (and ggml's reference), so tests can reproduce it bit for bit. d stays f32. */
+static void quantize_q8(const float *x, pd_q8 *y, int k) {
+    for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < PD_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < PD_QK; j++) {
+            int q = (int)roundf(x[j] * id);
+            y[b].qs[j] = (int8_t)q;
+            sum += q;
+        }
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+/* One weight block . one activation block, as a float. Each is: exact integer dot of the
+ * quants, times dw*dx, plus (for the formats with a minimum m) m*s, s = dx*sum(qx). */
+static inline float blk_q8_0(const void *wb, const pd_q8 *x) {
+    const pd_block_q8_0 *w = wb;
+    int isum = 0;
+    for (int j = 0; j < 32; j++) isum += w->qs[j] * x->qs[j];
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)isum;
+}
+
+/* Integer dot of 32 q4 values (layout in kernels.h) with 32 int8, minus off per value. */
+static inline int dot_q4(const uint8_t *qs, const int8_t *xq, int off) {
+    int isum = 0;
+    for (int j = 0; j < 16; j++)
+        isum += ((qs[j] & 0xf) - off) * xq[j] + ((qs[j] >> 4) - off) * xq[j + 16];
+    return isum;
+}
+
+static inline int dot_q5(const uint8_t *qs, const uint8_t *qh8, const int8_t *xq, int off) {
+    const uint32_t qh = (uint32_t)qh8[0] | (uint32_t)qh8[1] << 8 | (uint32_t)qh8[2] << 16 |
+                        (uint32_t)qh8[3] << 24;
+    int isum = 0;
+    for (int j = 0; j < 16; j++) {
+        int q0 = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+        int q1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        isum += (q0 - off) * xq[j] + (q1 - off) * xq[j + 16];
+    }
+    return isum;
+}
+
+static inline float blk_q4_0(const void *wb, const pd_q8 *x) {
+    const pd_block_q4_0 *w = wb;
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q4(w->qs, x->qs, 8);
+}
+static inline float blk_q4_1(const void *wb, const pd_q8 *x) {
+    const pd_block_q4_1 *w = wb;
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q4(w->qs, x->qs, 0) + pd_f16_to_f32_inline(w->m) * x->s;
+}
+static inline float blk_q5_0(const void *wb, const pd_q8 *x) {
+    const pd_block_q5_0 *w = wb;
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q5(w->qs, w->qh, x->qs, 16);
+}
+static inline float blk_q5_1(const void *wb, const pd_q8 *x) {
+    const pd_block_q5_1 *w = wb;
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q5(w->qs, w->qh, x->qs, 0) +
+           pd_f16_to_f32_inline(w->m) * x->s;
+}
+
+/* The mat-mat loop shared by all pd_q8-activation formats (blk inlines: one copy per format). */
+static inline void matmul_q8act(float (*blk)(const void *, const pd_q8 *), size_t bbytes, int k,
+                                const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                                int ncols, float *y, size_t ys) {
+    const int nb = k / PD_QK;
+    for (int c = 0; c < ncols; c++) {
+        const pd_q8 *xc = (const pd_q8 *)((const char *)x + c * xs);
+        for (int r = 0; r < nrows; r++) {
+            const char *wr = (const char *)w + r * ws;
+            float sum = 0.0f;
+            for (int b = 0; b < nb; b++) sum += blk(wr + b * bbytes, xc + b);
+            y[c * ys + r] = sum;
+        }
+    }
+}
+
+#define Q8ACT_MATMUL(name, blk, block_t)                                                       \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
+                     int ncols, float *y, size_t ys) {                                        \
+        matmul_q8act(blk, sizeof(block_t), k, w, ws, nrows, x, xs, ncols, y, ys);            \
+    }
+Q8ACT_MATMUL(matmul_q8_0, blk_q8_0, pd_block_q8_0)
+Q8ACT_MATMUL(matmul_q4_0, blk_q4_0, pd_block_q4_0)
+Q8ACT_MATMUL(matmul_q4_1, blk_q4_1, pd_block_q4_1)
+Q8ACT_MATMUL(matmul_q5_0, blk_q5_0, pd_block_q5_0)
+Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
+
+/* Float-activation formats: weight value i of a row, as float. */
+static inline float wf_f32(const void *w, int i) { return ((const float *)w)[i]; }
+static inline float wf_f16(const void *w, int i) { return pd_f16_to_f32_inline(((const uint16_t *)w)[i]); }
+static inline float wf_bf16(const void *w, int i) { return pd_bf16_to_f32(((const uint16_t *)w)[i]); }
+
+/* Sums in 32-value chunks added to the row total, like the block formats (smaller error than
+ * one running sum over the whole row). */
+static inline void matmul_float(float (*wf)(const void *, int), int k, const void *w, size_t ws,
+                                int nrows, const void *x, size_t xs, int ncols, float *y,
+                                size_t ys) {
+    for (int c = 0; c < ncols; c++) {
+        const float *xc = (const float *)((const char *)x + c * xs);
+        for (int r = 0; r < nrows; r++) {
+            const void *wr = (const char *)w + r * ws;
+            float sum = 0.0f;
+            for (int i0 = 0; i0 < k; i0 += PD_QK) {
+                float part = 0.0f;
+                for (int i = i0; i < k && i < i0 + PD_QK; i++) part += wf(wr, i) * xc[i];
+                sum += part;
+            }
+            y[c * ys + r] = sum;
+        }
+    }
+}
+
+#define FLOAT_MATMUL(name, wf)                                                                 \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
+                     int ncols, float *y, size_t ys) {                                        \
+        matmul_float(wf, k, w, ws, nrows, x, xs, ncols, y, ys);                               \
+    }
+FLOAT_MATMUL(matmul_f32, wf_f32)
+FLOAT_MATMUL(matmul_f16, wf_f16)
+FLOAT_MATMUL(matmul_bf16, wf_bf16)
+
+static float dot_f32(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static float dot_f16(const float *a, const uint16_t *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * pd_f16_to_f32_inline(b[i]);
+    return s;
+}
+static void axpy_f32(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+static void axpy_f16(float *y, float a, const uint16_t *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * pd_f16_to_f32_inline(x[i]);
+}
+static void f32_to_f16(const float *x, uint16_t *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
+}
+
+const pd_kernels pd_kernels_scalar = {
+    .name = "scalar",
+    .quantize_q8 = quantize_q8,
+    .matmul = {
+        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
+        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
+        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
+    },
+    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
+    .f32_to_f16 = f32_to_f16,
+};

@@ -1,0 +1,500 @@
+/* The forward pass: one implementation for every architecture, parameterized by pd_config.
+ *
+ * A step (prefill of n tokens, or decode_step of one) is ONE pd_pool_run: every thread runs
+ * forward_task(), which walks all layers and meets the others at a barrier between dependent
+ * phases. Matrix work is split by rows; per-token work (norms, RoPE, attention) by tokens/heads.
+ * Everything (KV cache, scratch) is allocated once in pd_model_new; a step allocates nothing.
+ */
+#include "pydecode.h"
+#include "kernels.h"
+#include "threadpool.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROW_ALIGN 4   /* rows per thread share: a multiple of the kernels' rows-per-pass */
+
+struct pd_model {
+    pd_config c;
+    const pd_kernels *k;
+    pd_pool *pool;
+    pd_tensor g[PD_GLOBAL_SLOTS];
+    pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
+    /* KV cache: per layer [n_ctx][n_head_kv * head_dim], F16 or F32. */
+    void **kc, **vc;
+    size_t kv_elem, kv_bytes;
+    /* Scratch for up to n_batch tokens (row strides in elements / bytes below). */
+    float *x;        /* residual stream [nb][d] */
+    float *xn;       /* normed input of the next matmul [nb][max_in] */
+    pd_q8 *xq;       /* xn quantized [nb][max_in/32] */
+    float *q;        /* [nb][n_head*hd] */
+    float *kk, *vv;  /* this step's K/V before append [nb][n_kv*hd] */
+    float *att;      /* attention output [nb][n_head*hd] */
+    float *gate, *up;/* [nb][n_ff] */
+    float *tmp;      /* matmul outputs before the residual add [nb][d] */
+    float *scores;   /* per thread [n_ctx] */
+    float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
+    size_t max_in, xq_stride;
+    char err[256];
+};
+
+/* ---- the work of one step, shared by all threads ---- */
+typedef struct {
+    pd_model *m;
+    const int32_t *tokens;
+    int n, pos;
+    float *logits;
+    int all_logits;
+} step_ctx;
+
+static int set_err(char *buf, int len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, (size_t)len, fmt, ap);
+    va_end(ap);
+    return PD_EINVAL;
+}
+
+static const pd_tensor *LT(const pd_model *m, int l, int slot) {
+    return &m->lt[(size_t)l * PD_LAYER_SLOTS + slot];
+}
+
+/* ---------------- small per-row ops (not the hot path: O(d) per token) ---------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+/* cos/sin of pos * base^(-2i/rope_dim) for the rope_dim/2 pairs, computed once per token and
+ * base per step and shared by every head of every layer. */
+static void rope_table(float *cs, int rope_dim, int pos, float base) {
+    for (int i = 0; i < rope_dim / 2; i++) {
+        double theta = pos * pow(base, -2.0 * i / rope_dim);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+/* Rotates the pairs of one head. Interleaved ("normal", llama GGUF, whose converter permutes
+ * Q/K for it): pairs (2i, 2i+1); NeoX: pairs (i, i + rope_dim/2). Dims past rope_dim stay. */
+static void rope(float *v, int rope_dim, int neox, const float *cs) {
+    int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+}
+
+static float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static int layer_is_local(const pd_config *c, int l) {
+    return c->sliding_window > 0 && (c->swa_period <= 0 || (l + 1) % c->swa_period != 0);
+}
+
+/* ---------------- matrix work ---------------- */
+
+/* Out[t][r] for rows [r0, r1) of W and the n tokens of the current input (xn/xq). */
+static void matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
+                        float *out, size_t out_stride) {
+    if (r1 <= r0) return;
+    int k = (int)w->ne0;
+    const void *x;
+    size_t xs;
+    if (pd_type_act_format(w->type) == PD_ACT_Q8) { x = m->xq; xs = m->xq_stride * sizeof(pd_q8); }
+    else { x = m->xn; xs = m->max_in * sizeof(float); }
+    m->k->matmul[w->type](k, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                          r1 - r0, x, xs, n, out + r0, out_stride);
+}
+
+/* The input of the next matmuls: xn[t] (already written) quantized to 8-bit blocks. */
+static void quantize_inputs(pd_model *m, int n_in, int n, int ith, int nth) {
+    int t0, t1;
+    pd_split(n, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++)
+        m->k->quantize_q8(m->xn + (size_t)t * m->max_in, m->xq + (size_t)t * m->xq_stride, n_in);
+}
+
+static void norm_inputs(pd_model *m, const float *src, size_t src_stride, const pd_tensor *w,
+                        int n_in, int n, int ith, int nth) {
+    int t0, t1;
+    pd_split(n, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        float *dst = m->xn + (size_t)t * m->max_in;
+        if (w) rmsnorm(dst, src + (size_t)t * src_stride, (const float *)w->data, n_in, m->c.norm_eps);
+        else memcpy(dst, src + (size_t)t * src_stride, (size_t)n_in * sizeof(float));
+        m->k->quantize_q8(dst, m->xq + (size_t)t * m->xq_stride, n_in);
+    }
+}
+
+/* ---------------- attention ---------------- */
+
+/* append_kv: the K and V rows of token t (position p) go into layer l's cache. */
+static void append_kv(pd_model *m, int l, int p, const float *k, const float *v) {
+    int kvd = m->c.n_head_kv * m->c.head_dim;
+    if (m->c.kv_f16) {
+        m->k->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
+        m->k->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
+    } else {
+        memcpy((float *)m->kc[l] + (size_t)p * kvd, k, (size_t)kvd * sizeof(float));
+        memcpy((float *)m->vc[l] + (size_t)p * kvd, v, (size_t)kvd * sizeof(float));
+    }
+}
+
+/* One query head over cached positions [lo, hi]: scaled dot products, stable softmax, weighted sum. */
+static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, float scale,
+                   float *scores, float *out) {
+    const pd_kernels *K = m->k;
+    int hd = m->c.head_dim, kvd = m->c.n_head_kv * hd;
+    float mx = -INFINITY;
+    for (int p = lo; p <= hi; p++) {
+        float s = m->c.kv_f16 ? K->dot_f16(q, (const uint16_t *)m->kc[l] + (size_t)p * kvd + kvh * hd, hd)
+                              : K->dot_f32(q, (const float *)m->kc[l] + (size_t)p * kvd + kvh * hd, hd);
+        s *= scale;
+        scores[p - lo] = s;
+        if (s > mx) mx = s;
+    }
+    float sum = 0.0f;
+    for (int p = lo; p <= hi; p++) { float e = expf(scores[p - lo] - mx); scores[p - lo] = e; sum += e; }
+    float inv = 1.0f / sum;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int p = lo; p <= hi; p++) {
+        float w = scores[p - lo] * inv;
+        if (m->c.kv_f16) K->axpy_f16(out, w, (const uint16_t *)m->vc[l] + (size_t)p * kvd + kvh * hd, hd);
+        else K->axpy_f32(out, w, (const float *)m->vc[l] + (size_t)p * kvd + kvh * hd, hd);
+    }
+}
+
+/* ---------------- one layer, all threads ---------------- */
+
+static void layer_forward(step_ctx *s, int l, int ith, int nth) {
+    pd_model *m = s->m;
+    const pd_config *c = &m->c;
+    int n = s->n, d = c->n_embd, hd = c->head_dim;
+    int qd = c->n_head * hd, kvd = c->n_head_kv * hd, nff = c->n_ff;
+    int r0, r1;
+
+    /* 1. attention norm -> quantized input */
+    norm_inputs(m, m->x, d, LT(m, l, PD_ATTN_NORM), d, n, ith, nth);
+    pd_barrier(m->pool);
+
+    /* 2. Q, K, V in one pass over the concatenated rows (they share the input). */
+    pd_split(qd + 2 * kvd, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(m, LT(m, l, PD_WQ), r0 < qd ? r0 : qd, r1 < qd ? r1 : qd, n, m->q, qd);
+    {
+        int a = r0 - qd, b = r1 - qd;
+        a = a < 0 ? 0 : (a > kvd ? kvd : a); b = b < 0 ? 0 : (b > kvd ? kvd : b);
+        matmul_rows(m, LT(m, l, PD_WK), a, b, n, m->kk, kvd);
+        a = r0 - qd - kvd; b = r1 - qd - kvd;
+        a = a < 0 ? 0 : (a > kvd ? kvd : a); b = b < 0 ? 0 : (b > kvd ? kvd : b);
+        matmul_rows(m, LT(m, l, PD_WV), a, b, n, m->vv, kvd);
+    }
+    pd_barrier(m->pool);
+
+    /* 3. biases, per-head Q/K norms, RoPE, then append_kv (per token). */
+    int local = layer_is_local(c, l);
+    int t0, t1;
+    pd_split(n, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const float *cs = m->rope_cs + ((size_t)t * 2 + (local ? 1 : 0)) * c->rope_dim;
+        float *q = m->q + (size_t)t * qd, *kk = m->kk + (size_t)t * kvd, *vv = m->vv + (size_t)t * kvd;
+        const pd_tensor *bq = LT(m, l, PD_BQ), *bk = LT(m, l, PD_BK), *bv = LT(m, l, PD_BV);
+        if (bq->data) for (int i = 0; i < qd; i++) q[i] += ((const float *)bq->data)[i];
+        if (bk->data) for (int i = 0; i < kvd; i++) kk[i] += ((const float *)bk->data)[i];
+        if (bv->data) for (int i = 0; i < kvd; i++) vv[i] += ((const float *)bv->data)[i];
+        const pd_tensor *qn = LT(m, l, PD_Q_NORM), *kn = LT(m, l, PD_K_NORM);
+        for (int h = 0; h < c->n_head; h++) {
+            if (qn->data) rmsnorm(q + h * hd, q + h * hd, (const float *)qn->data, hd, c->norm_eps);
+            rope(q + h * hd, c->rope_dim, c->rope_neox, cs);
+        }
+        for (int h = 0; h < c->n_head_kv; h++) {
+            if (kn->data) rmsnorm(kk + h * hd, kk + h * hd, (const float *)kn->data, hd, c->norm_eps);
+            rope(kk + h * hd, c->rope_dim, c->rope_neox, cs);
+        }
+        append_kv(m, l, s->pos + t, kk, vv);
+    }
+    pd_barrier(m->pool);
+
+    /* 4. attention: (token, head) pairs split across threads; causal, optional sliding window. */
+    float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
+    int group = c->n_head / c->n_head_kv;
+    float *scores = m->scores + (size_t)ith * c->n_ctx;
+    pd_split(n * c->n_head, ith, nth, 1, &r0, &r1);
+    for (int i = r0; i < r1; i++) {
+        int t = i / c->n_head, h = i % c->n_head, p = s->pos + t;
+        int lo = local && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+        attend(m, l, h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale, scores,
+               m->att + (size_t)t * qd + h * hd);
+    }
+    pd_barrier(m->pool);
+
+    /* 5. output projection, (post-attention norm), residual add */
+    norm_inputs(m, m->att, qd, NULL, qd, n, ith, nth);
+    pd_barrier(m->pool);
+    pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(m, LT(m, l, PD_WO), r0, r1, n, m->tmp, d);
+    const pd_tensor *pan = LT(m, l, PD_POST_ATTN_NORM);
+    if (pan->data) {
+        pd_barrier(m->pool);   /* the post-norm needs the whole row */
+        pd_split(n, ith, nth, 1, &t0, &t1);
+        for (int t = t0; t < t1; t++) {
+            float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
+            rmsnorm(y, y, (const float *)pan->data, d, c->norm_eps);
+            for (int i = 0; i < d; i++) x[i] += y[i];
+        }
+    } else {
+        for (int t = 0; t < n; t++)
+            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
+    }
+    pd_barrier(m->pool);
+
+    /* 6. FFN: norm, gate and up in one pass (same rows -> activation fused), down, residual */
+    norm_inputs(m, m->x, d, LT(m, l, PD_FFN_NORM), d, n, ith, nth);
+    pd_barrier(m->pool);
+    pd_split(nff, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(m, LT(m, l, PD_GATE), r0, r1, n, m->gate, nff);
+    matmul_rows(m, LT(m, l, PD_UP), r0, r1, n, m->up, nff);
+    for (int t = 0; t < n; t++) {
+        float *g = m->gate + (size_t)t * nff, *u = m->up + (size_t)t * nff;
+        for (int i = r0; i < r1; i++) g[i] = (c->act_gelu ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+    }
+    pd_barrier(m->pool);
+    norm_inputs(m, m->gate, nff, NULL, nff, n, ith, nth);
+    pd_barrier(m->pool);
+    pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(m, LT(m, l, PD_DOWN), r0, r1, n, m->tmp, d);
+    const pd_tensor *pfn = LT(m, l, PD_POST_FFN_NORM);
+    if (pfn->data) {
+        pd_barrier(m->pool);
+        pd_split(n, ith, nth, 1, &t0, &t1);
+        for (int t = t0; t < t1; t++) {
+            float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
+            rmsnorm(y, y, (const float *)pfn->data, d, c->norm_eps);
+            for (int i = 0; i < d; i++) x[i] += y[i];
+        }
+    } else {
+        for (int t = 0; t < n; t++)
+            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
+    }
+    pd_barrier(m->pool);
+}
+
+static void forward_task(void *ctx, int ith, int nth) {
+    step_ctx *s = ctx;
+    pd_model *m = s->m;
+    const pd_config *c = &m->c;
+    int n = s->n, d = c->n_embd, t0, t1, r0, r1;
+
+    /* embeddings: one row of the (quantized) table per token, scaled for gemma */
+    pd_split(n, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const pd_tensor *e = &m->g[PD_TOK_EMBD];
+        float *x = m->x + (size_t)t * d;
+        pd_dequantize_row(e->type, (const char *)e->data + (size_t)s->tokens[t] * e->row_bytes, x, d);
+        if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
+        float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
+        rope_table(cs, c->rope_dim, s->pos + t, c->rope_base);
+        rope_table(cs + c->rope_dim, c->rope_dim, s->pos + t,
+                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base);
+    }
+    pd_barrier(m->pool);
+
+    for (int l = 0; l < c->n_layer; l++) layer_forward(s, l, ith, nth);
+
+    /* final norm and output head: only the positions whose logits are wanted */
+    int first = s->all_logits ? 0 : n - 1, n_out = n - first;
+    if (!s->logits) return;
+    pd_split(n_out, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        float *dst = m->xn + (size_t)t * m->max_in;
+        rmsnorm(dst, m->x + (size_t)(first + t) * d, (const float *)m->g[PD_OUTPUT_NORM].data, d, c->norm_eps);
+        m->k->quantize_q8(dst, m->xq + (size_t)t * m->xq_stride, d);
+    }
+    pd_barrier(m->pool);
+    const pd_tensor *out = m->g[PD_OUTPUT].data ? &m->g[PD_OUTPUT] : &m->g[PD_TOK_EMBD];
+    pd_split(c->n_vocab, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
+}
+
+/* ---------------- public API ---------------- */
+
+static int run_step(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all) {
+    if (!m) return PD_EINVAL;
+    if (n < 1) return set_err(m->err, sizeof m->err, "no tokens given (n=%d)", n);
+    if (pos < 0 || pos + n > m->c.n_ctx)
+        return set_err(m->err, sizeof m->err, "positions %d..%d exceed the context size %d",
+                       pos, pos + n - 1, m->c.n_ctx) == PD_EINVAL ? PD_ERANGE : PD_ERANGE;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.n_vocab)
+            return set_err(m->err, sizeof m->err, "token id %d at index %d is outside the vocabulary (0..%d)",
+                           tokens[i], i, m->c.n_vocab - 1);
+    /* Chunks of n_batch tokens: causal attention makes chunked == whole-block, exactly. */
+    for (int done = 0; done < n;) {
+        int chunk = n - done < m->c.n_batch ? n - done : m->c.n_batch;
+        int last = done + chunk == n;
+        step_ctx s = { m, tokens + done, chunk, pos + done,
+                       all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL), all };
+        pd_pool_run(m->pool, forward_task, &s);
+        done += chunk;
+    }
+    return PD_OK;
+}
+
+int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
+    return run_step(m, tokens, n, pos, logits, all_logits);
+}
+
+int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits) {
+    return run_step(m, &token, 1, pos, logits, 0);
+}
+
+static int check_matrix(const pd_kernels *K, const pd_tensor *t, const char *name, int l,
+                        int64_t ne0, int64_t ne1, char *err, int len) {
+    if (!t->data) return set_err(err, len, "layer %d: missing tensor %s", l, name);
+    if (t->ne0 != ne0 || t->ne1 != ne1)
+        return set_err(err, len, "layer %d: tensor %s has shape [%lld, %lld], expected [%lld, %lld]", l, name,
+                       (long long)t->ne0, (long long)t->ne1, (long long)ne0, (long long)ne1);
+    if (t->type < 0 || t->type >= PD_NTYPES || !K->matmul[t->type])
+        return set_err(err, len, "layer %d: tensor %s has unsupported type %s (%d)", l, name,
+                       pd_type_name(t->type), t->type);
+    int bs = pd_type_block_size(t->type);
+    if (bs <= 0 || ne0 % bs || t->row_bytes != (size_t)(ne0 / bs) * pd_type_block_bytes(t->type))
+        return set_err(err, len, "layer %d: tensor %s: row of %lld values is not whole blocks of %s", l, name,
+                       (long long)ne0, pd_type_name(t->type));
+    return PD_OK;
+}
+
+static int check_vector(const pd_tensor *t, const char *name, int l, int64_t n, int optional,
+                        char *err, int len) {
+    if (!t->data) return optional ? PD_OK : set_err(err, len, "layer %d: missing tensor %s", l, name);
+    if (t->type != PD_F32 || t->ne0 != n || t->ne1 != 1)
+        return set_err(err, len, "layer %d: tensor %s must be F32 of %lld values (got type %d, shape [%lld, %lld])",
+                       l, name, (long long)n, t->type, (long long)t->ne0, (long long)t->ne1);
+    return PD_OK;
+}
+
+static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T, int nt, char *err, int len) {
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->head_dim < 2 ||
+        c->n_ff < 1 || c->n_vocab < 1 || c->n_ctx < 1 || c->n_batch < 1)
+        return set_err(err, len, "invalid config: every size must be positive");
+    if (c->n_head % c->n_head_kv) return set_err(err, len, "n_head %d is not a multiple of n_head_kv %d", c->n_head, c->n_head_kv);
+    if (c->head_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim < 0 || c->rope_dim % 2)
+        return set_err(err, len, "invalid rope_dim %d for head_dim %d", c->rope_dim, c->head_dim);
+    if (c->n_embd % PD_QK || c->n_ff % PD_QK || (c->n_head * c->head_dim) % PD_QK)
+        return set_err(err, len, "model dims must be multiples of %d", PD_QK);
+    if (nt != PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS)
+        return set_err(err, len, "expected %d tensor slots, got %d", PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS, nt);
+    int d = c->n_embd, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim, rc;
+    const pd_tensor *e = &T[PD_TOK_EMBD];
+    if (!e->data || e->ne0 != d || e->ne1 != c->n_vocab)
+        return set_err(err, len, "token_embd.weight must have shape [%d, %d]", d, c->n_vocab);
+    if (pd_type_block_size(e->type) <= 0) return set_err(err, len, "token_embd.weight has unsupported type %d", e->type);
+    if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm", -1, d, 0, err, len))) return rc;
+    const pd_tensor *out = T[PD_OUTPUT].data ? &T[PD_OUTPUT] : e;
+    if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output" : "token_embd (tied output)", -1, d, c->n_vocab, err, len))) return rc;
+    for (int l = 0; l < c->n_layer; l++) {
+        const pd_tensor *L = &T[PD_GLOBAL_SLOTS + (size_t)l * PD_LAYER_SLOTS];
+        if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WQ], "attn_q", l, d, qd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WK], "attn_k", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WV], "attn_v", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WO], "attn_output", l, qd, d, err, len)) ||
+            (rc = check_vector(&L[PD_BQ], "attn_q.bias", l, qd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BK], "attn_k.bias", l, kvd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BV], "attn_v.bias", l, kvd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_Q_NORM], "attn_q_norm", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_K_NORM], "attn_k_norm", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_GATE], "ffn_gate", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_UP], "ffn_up", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_DOWN], "ffn_down", l, c->n_ff, d, err, len)) ||
+            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm", l, d, 1, err, len)))
+            return rc;
+    }
+    return PD_OK;
+}
+
+void pd_model_free(pd_model *m) {
+    if (!m) return;
+    if (m->pool) pd_pool_free(m->pool);
+    if (m->kc) for (int l = 0; l < m->c.n_layer; l++) free(m->kc[l]);
+    if (m->vc) for (int l = 0; l < m->c.n_layer; l++) free(m->vc[l]);
+    free(m->kc); free(m->vc); free(m->lt);
+    free(m->x); free(m->xn); free(m->xq); free(m->q); free(m->kk); free(m->vv); free(m->att);
+    free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
+    free(m);
+}
+
+pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
+                       const char *isa, char *err, int err_len) {
+    const pd_kernels *K = pd_kernels_select(isa);
+    if (!K) { set_err(err, err_len, "instruction set '%s' is unknown or not supported by this CPU/build", isa ? isa : "(env PYDECODE_ISA)"); return NULL; }
+    if (validate(cfg, K, tensors, n_tensors, err, err_len)) return NULL;
+    pd_model *m = calloc(1, sizeof *m);
+    if (!m) { set_err(err, err_len, "out of memory"); return NULL; }
+    m->c = *cfg;
+    m->k = K;
+    if (m->c.rope_dim == 0) m->c.rope_dim = m->c.head_dim;
+    if (m->c.n_threads < 1) m->c.n_threads = 1;
+    memcpy(m->g, tensors, sizeof m->g);
+    size_t nl = (size_t)cfg->n_layer * PD_LAYER_SLOTS;
+    m->lt = malloc(nl * sizeof(pd_tensor));
+    int nb = cfg->n_batch, d = cfg->n_embd, qd = cfg->n_head * cfg->head_dim;
+    int kvd = cfg->n_head_kv * cfg->head_dim;
+    m->max_in = (size_t)(d > qd ? d : qd);
+    if ((size_t)cfg->n_ff > m->max_in) m->max_in = cfg->n_ff;
+    m->xq_stride = m->max_in / PD_QK;
+    m->kv_elem = cfg->kv_f16 ? 2 : 4;
+    m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
+    m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
+    int ok = m->lt && m->kc && m->vc;
+    for (int l = 0; ok && l < cfg->n_layer; l++) {
+        size_t bytes = (size_t)cfg->n_ctx * kvd * m->kv_elem;
+        m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
+        m->vc[l] = calloc(1, bytes);
+        ok = m->kc[l] && m->vc[l];
+        m->kv_bytes += 2 * bytes;
+    }
+    if (ok) {
+        memcpy(m->lt, tensors + PD_GLOBAL_SLOTS, nl * sizeof(pd_tensor));
+        m->x = malloc((size_t)nb * d * sizeof(float));
+        m->xn = malloc((size_t)nb * m->max_in * sizeof(float));
+        m->xq = malloc((size_t)nb * m->xq_stride * sizeof(pd_q8));
+        m->q = malloc((size_t)nb * qd * sizeof(float));
+        m->kk = malloc((size_t)nb * kvd * sizeof(float));
+        m->vv = malloc((size_t)nb * kvd * sizeof(float));
+        m->att = malloc((size_t)nb * qd * sizeof(float));
+        m->gate = malloc((size_t)nb * cfg->n_ff * sizeof(float));
+        m->up = malloc((size_t)nb * cfg->n_ff * sizeof(float));
+        m->tmp = malloc((size_t)nb * d * sizeof(float));
+        m->scores = malloc((size_t)m->c.n_threads * cfg->n_ctx * sizeof(float));
+        m->rope_cs = malloc((size_t)nb * 2 * (m->c.rope_dim > 0 ? m->c.rope_dim : 2) * sizeof(float));
+        m->pool = pd_pool_new(m->c.n_threads);
+        ok = m->x && m->xn && m->xq && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
+             m->tmp && m->scores && m->rope_cs && m->pool;
+    }
+    if (!ok) {
+        set_err(err, err_len, "out of memory allocating the KV cache (%zu bytes) and scratch", m->kv_bytes);
+        pd_model_free(m);
+        return NULL;
+    }
+    m->c.n_threads = pd_pool_size(m->pool);
+    return m;
+}
+
+const char *pd_model_error(const pd_model *m) { return m ? m->err : "no model"; }
+const char *pd_model_isa(const pd_model *m) { return m ? m->k->name : ""; }
+size_t pd_model_kv_bytes(const pd_model *m) { return m ? m->kv_bytes : 0; }

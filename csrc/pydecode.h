@@ -1,0 +1,78 @@
+/* The only header cffi sees: opaque handles, plain C types, error codes.
+ * C never aborts the process on bad input: functions return PD_OK or a negative code, and
+ * pd_model_error() / pd_last_error() hold a message that Python turns into an exception. */
+#ifndef PYDECODE_H
+#define PYDECODE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define PD_OK 0
+#define PD_EINVAL (-1)
+#define PD_ENOMEM (-2)
+#define PD_ERANGE (-3)
+
+/* A weight tensor: a pointer into the memory-mapped GGUF file (zero-copy). data == NULL: absent. */
+typedef struct {
+    int type;                /* GGML type id */
+    const void *data;
+    int64_t ne0;             /* values per row (the reduction dimension) */
+    int64_t ne1;             /* rows */
+    size_t row_bytes;
+} pd_tensor;
+
+/* Tensor slots: model-wide, then PD_LAYER_SLOTS per layer. Optional slots may be absent. */
+enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_GLOBAL_SLOTS = 3 };
+enum {
+    PD_ATTN_NORM = 0, PD_WQ, PD_WK, PD_WV, PD_WO, PD_BQ, PD_BK, PD_BV, PD_Q_NORM, PD_K_NORM,
+    PD_POST_ATTN_NORM, PD_FFN_NORM, PD_GATE, PD_UP, PD_DOWN, PD_POST_FFN_NORM, PD_LAYER_SLOTS
+};
+
+/* Everything the single forward pass needs to know about an architecture: data, not code. */
+typedef struct {
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    int n_ctx;               /* KV cache positions allocated */
+    int n_batch;             /* max tokens per prefill chunk (scratch size) */
+    float norm_eps;
+    float rope_base;         /* global rope base */
+    float rope_base_local;   /* rope base of sliding-window layers (gemma3) */
+    int rope_dim;            /* dims rotated per head (<= head_dim) */
+    int rope_neox;           /* 0: interleaved pairs (2i, 2i+1); 1: NeoX halves (i, i + rope_dim/2) */
+    float attn_scale;        /* 0 -> 1/sqrt(head_dim) */
+    float embd_scale;        /* 0 -> 1 (gemma: sqrt(n_embd)) */
+    int act_gelu;            /* 0: SwiGLU (silu(gate)*up); 1: GELU(tanh)(gate)*up */
+    int norm_add_one;        /* reserved: RMSNorm weight applied as (1 + w) */
+    int sliding_window;      /* 0: none */
+    int swa_period;          /* every swa_period-th layer is global (gemma3: 6); 0: all global */
+    int kv_f16;              /* 1: F16 cache (default), 0: F32 */
+    int n_threads;
+} pd_config;
+
+typedef struct pd_model pd_model;
+
+/* Builds the model: validates the tensors against the config, allocates the KV cache, scratch
+ * and thread pool once. tensors has PD_GLOBAL_SLOTS + n_layer*PD_LAYER_SLOTS entries.
+ * Returns NULL and writes a message into err on failure. */
+pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
+                       const char *isa, char *err, int err_len);
+void pd_model_free(pd_model *m);
+const char *pd_model_error(const pd_model *m);
+const char *pd_model_isa(const pd_model *m);
+size_t pd_model_kv_bytes(const pd_model *m);
+
+/* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
+ * (mat x mat, causal attention), appends their K/V, writes the last position's logits into
+ * logits (n_vocab floats), or every position's (n*n_vocab) if all_logits. */
+int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
+/* decode_step: one token at position pos (the cache holds 0..pos-1); writes n_vocab logits. */
+int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits);
+
+/* Kernel entry points for tests and benchmarks (isa: "scalar", "avx2", ... or NULL = best). */
+const char *pd_isa_best(void);
+int pd_isa_supported(const char *isa);
+int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k);
+int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
+                     const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */
+int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);
+int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
+                   int n_pos, int head_dim, float scale, float *out);
+#endif

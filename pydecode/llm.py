@@ -1,0 +1,102 @@
+"""The public face: `pydecode.load(...)` returns an LLM that generates, streams and chats."""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from .chat import render
+from .generation import Completion, Generation, Piece
+from .model import Model
+from .registry import resolve
+from .sampling import SamplingParams
+
+
+class LLM:
+    """A model ready to generate. One sequence: successive calls reuse the KV cache of the
+    longest common prefix (a chat's history is not recomputed)."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self._last: Generation | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text -> token ids (BOS added when the model wants it)."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens, skip_special: bool = False) -> str:
+        """Token ids -> text."""
+        return self.tokenizer.decode(list(tokens), skip_special=skip_special)
+
+    def _cached(self) -> list[int]:
+        return self._last.kv_tokens if self._last is not None else []
+
+    def _generation(self, prompt, max_tokens, temperature, top_k, top_p, min_p, seed) -> Generation:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        gen = Generation(self.model, ids, self._cached(), max_tokens, params)
+        self._last = gen
+        return gen
+
+    def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> Iterator[Piece]:
+        """Yields Pieces (token, text) as they are generated. May be abandoned midway."""
+        gen = self._generation(prompt, max_tokens, temperature, top_k, top_p, min_p, seed)
+        yield from gen
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> Completion:
+        """Generates a continuation of `prompt` (text or token ids). temperature=0 is greedy."""
+        gen = self._generation(prompt, max_tokens, temperature, top_k, top_p, min_p, seed)
+        for _ in gen:
+            pass
+        assert gen.completion is not None
+        return gen.completion
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text the model's chat template makes of `messages`."""
+        tok = self.tokenizer
+        meta = self.model.gguf.metadata
+        bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
+        eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
+        return render(messages, meta.get("tokenizer.chat_template"), bos_token=bos, eos_token=eos,
+                      add_generation_prompt=add_generation_prompt)
+
+    def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Completion:
+        """Replies to a conversation. The history's K/V stay cached across turns, so turn N+1
+        prefills only its new tokens (see .stats.cached_tokens)."""
+        return self.generate(self._chat_ids(messages), max_tokens, **sampling)
+
+    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Iterator[Piece]:
+        """Like chat, streamed."""
+        return self.stream(self._chat_ids(messages), max_tokens, **sampling)
+
+    def _chat_ids(self, messages: list[dict]) -> list[int]:
+        # The template writes BOS itself when the model wants it: don't add a second one.
+        text = self.chat_prompt(messages)
+        ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        return ids
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load(model: str | os.PathLike = "smollm2-135m", *, n_ctx: int | None = None, n_threads: int | None = None,
+         kv_type: str = "f16", isa: str | None = None) -> LLM:
+    """Loads a model by registry name (fetched on first use) or by path to a .gguf file.
+    n_threads defaults to the number of physical cores; n_ctx to min(4096, the model's trained context)."""
+    path = resolve(model)
+    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa))

