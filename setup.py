@@ -27,6 +27,10 @@ def isa_sources():
 class BuildExt(build_ext):
     def build_extension(self, ext):
         if ext.name == "pydecode._core":
+            # Any C source or header change relinks (extra objects are not in the up-to-date check).
+            here = os.path.dirname(os.path.abspath(__file__))
+            ext.depends = list(ext.depends or []) + sorted(
+                os.path.join("csrc", f) for f in os.listdir(os.path.join(here, "csrc")) if f.endswith((".c", ".h")))
             for src, (flags, macro) in isa_sources().items():
                 objs = self.compiler.compile(
                     [src],

@@ -52,7 +52,8 @@ def bench(isa, qtype, ws, rows, k, ncols, min_time=0.5):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--types", default="Q4_1,Q8_0")

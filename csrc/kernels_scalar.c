@@ -23,49 +23,58 @@ static void quantize_q8(const float *x, pd_q8 *y, int k) {
 }
 
 /* One weight block . one activation block, as a float. Each is: exact integer dot of the
- * quants, times dw*dx, plus (for the formats with a minimum m) m*s, s = dx*sum(qx). */
-static inline float blk_q8_0(const void *wb, const pd_q8 *x) {
-    const pd_block_q8_0 *w = wb;
+ * quants, times dw*dx, plus (for the formats with a minimum m) m*s, s = dx*sum(qx).
+ * The quants are unpacked to 32 int8 first: simple loops the compiler vectorizes. */
+static inline int dot32(const int8_t *a, const int8_t *b) {
     int isum = 0;
-    for (int j = 0; j < 32; j++) isum += w->qs[j] * x->qs[j];
-    return pd_f16_to_f32_inline(w->d) * x->d * (float)isum;
-}
-
-/* Integer dot of 32 q4 values (layout in kernels.h) with 32 int8, minus off per value. */
-static inline int dot_q4(const uint8_t *qs, const int8_t *xq, int off) {
-    int isum = 0;
-    for (int j = 0; j < 16; j++)
-        isum += ((qs[j] & 0xf) - off) * xq[j] + ((qs[j] >> 4) - off) * xq[j + 16];
+    for (int j = 0; j < 32; j++) isum += a[j] * b[j];
     return isum;
 }
 
-static inline int dot_q5(const uint8_t *qs, const uint8_t *qh8, const int8_t *xq, int off) {
+/* 32 q4 values (layout in kernels.h) minus off. */
+static inline void unpack_q4(const uint8_t *qs, int off, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)((qs[j] & 0xf) - off);
+        q[j + 16] = (int8_t)((qs[j] >> 4) - off);
+    }
+}
+
+/* 32 q5 values minus off: the q4 nibbles plus bit j of the little-endian word qh as bit 4. */
+static inline void unpack_q5(const uint8_t *qs, const uint8_t *qh8, int off, int8_t *q) {
     const uint32_t qh = (uint32_t)qh8[0] | (uint32_t)qh8[1] << 8 | (uint32_t)qh8[2] << 16 |
                         (uint32_t)qh8[3] << 24;
-    int isum = 0;
-    for (int j = 0; j < 16; j++) {
-        int q0 = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
-        int q1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-        isum += (q0 - off) * xq[j] + (q1 - off) * xq[j + 16];
-    }
-    return isum;
+    unpack_q4(qs, 0, q);
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)((q[j] | ((qh >> j) & 1) << 4) - off);
 }
 
+static inline float blk_q8_0(const void *wb, const pd_q8 *x) {
+    const pd_block_q8_0 *w = wb;
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(w->qs, x->qs);
+}
 static inline float blk_q4_0(const void *wb, const pd_q8 *x) {
     const pd_block_q4_0 *w = wb;
-    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q4(w->qs, x->qs, 8);
+    int8_t q[32];
+    unpack_q4(w->qs, 8, q);
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(q, x->qs);
 }
 static inline float blk_q4_1(const void *wb, const pd_q8 *x) {
     const pd_block_q4_1 *w = wb;
-    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q4(w->qs, x->qs, 0) + pd_f16_to_f32_inline(w->m) * x->s;
+    int8_t q[32];
+    unpack_q4(w->qs, 0, q);
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(q, x->qs) +
+           pd_f16_to_f32_inline(w->m) * x->s;
 }
 static inline float blk_q5_0(const void *wb, const pd_q8 *x) {
     const pd_block_q5_0 *w = wb;
-    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q5(w->qs, w->qh, x->qs, 16);
+    int8_t q[32];
+    unpack_q5(w->qs, w->qh, 16, q);
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(q, x->qs);
 }
 static inline float blk_q5_1(const void *wb, const pd_q8 *x) {
     const pd_block_q5_1 *w = wb;
-    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot_q5(w->qs, w->qh, x->qs, 0) +
+    int8_t q[32];
+    unpack_q5(w->qs, w->qh, 0, q);
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(q, x->qs) +
            pd_f16_to_f32_inline(w->m) * x->s;
 }
 
@@ -98,8 +107,12 @@ Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
 
 /* Float-activation formats: weight value i of a row, as float. */
 static inline float wf_f32(const void *w, int i) { return ((const float *)w)[i]; }
-static inline float wf_f16(const void *w, int i) { return pd_f16_to_f32_inline(((const uint16_t *)w)[i]); }
-static inline float wf_bf16(const void *w, int i) { return pd_bf16_to_f32(((const uint16_t *)w)[i]); }
+static inline float wf_f16(const void *w, int i) {
+    return pd_f16_to_f32_inline(((const uint16_t *)w)[i]);
+}
+static inline float wf_bf16(const void *w, int i) {
+    return pd_bf16_to_f32(((const uint16_t *)w)[i]);
+}
 
 /* Sums in 32-value chunks added to the row total, like the block formats (smaller error than
  * one running sum over the whole row). */

@@ -73,6 +73,7 @@ int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k);
 int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                      const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */
 int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);
+int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);
 int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
 #endif

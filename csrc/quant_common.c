@@ -60,8 +60,12 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
     const int nb = k / PD_QK;
     switch (type) {
     case PD_F32: memcpy(y, w, (size_t)k * 4); return 0;
-    case PD_F16: for (int i = 0; i < k; i++) y[i] = pd_f16_to_f32_inline(((const uint16_t *)w)[i]); return 0;
-    case PD_BF16: for (int i = 0; i < k; i++) y[i] = pd_bf16_to_f32(((const uint16_t *)w)[i]); return 0;
+    case PD_F16:
+        for (int i = 0; i < k; i++) y[i] = pd_f16_to_f32_inline(((const uint16_t *)w)[i]);
+        return 0;
+    case PD_BF16:
+        for (int i = 0; i < k; i++) y[i] = pd_bf16_to_f32(((const uint16_t *)w)[i]);
+        return 0;
     case PD_Q8_0:
         for (int b = 0; b < nb; b++) {
             const pd_block_q8_0 *x = (const pd_block_q8_0 *)w + b;
@@ -94,7 +98,8 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
                 d = pd_f16_to_f32_inline(x->d); qs = x->qs; qh8 = x->qh; off = 16;
             } else {
                 const pd_block_q5_1 *x = (const pd_block_q5_1 *)w + b;
-                d = pd_f16_to_f32_inline(x->d); m = pd_f16_to_f32_inline(x->m); qs = x->qs; qh8 = x->qh; off = 0;
+                d = pd_f16_to_f32_inline(x->d); m = pd_f16_to_f32_inline(x->m);
+                qs = x->qs; qh8 = x->qh; off = 0;
             }
             uint32_t qh = (uint32_t)qh8[0] | (uint32_t)qh8[1] << 8 | (uint32_t)qh8[2] << 16 |
                           (uint32_t)qh8[3] << 24;

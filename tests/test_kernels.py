@@ -10,7 +10,6 @@ import functools
 import gguf
 import numpy as np
 import pytest
-from cffi import FFI
 from gguf import GGMLQuantizationType as QT
 
 from pydecode import _core
@@ -39,11 +38,6 @@ KS = [32, 256, 576, 1536]
 SHAPES = [(1, 1), (7, 3), (33, 8), (33, 1), (7, 8)]     # (nrows, ncols): rows not a multiple of 4
 Q8_DTYPE = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])   # pd_q8, 40 bytes
 
-# pd_kernel_f32_to_f16 is declared in csrc/kernels.h, not in the cffi header: reach the exported
-# symbol of the same shared object in ABI mode (unless the header gains it).
-_abi = FFI()
-_abi.cdef("int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);")
-_abi_lib = _abi.dlopen(_core.__file__)
 
 
 @pytest.fixture(params=ISAS)
@@ -88,8 +82,8 @@ def matmul(isa_name, qtype, wbytes, nrows, k, x, stride=None):
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.full((x.shape[0], nrows), np.nan, np.float32)
     rc = lib.pd_kernel_matmul(isa_name.encode(), int(qtype), ffi.from_buffer(wbytes),
-                              stride or wbytes.shape[1], nrows, k,
-                              ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", y))
+                              stride or wbytes.shape[1], nrows, k, ffi.from_buffer("float[]", x),
+                              x.shape[0], ffi.from_buffer("float[]", y))
     assert rc == lib.PD_OK
     return y
 
@@ -99,7 +93,8 @@ def weights(qtype, nrows, k, seed=0):
     """(raw bytes [nrows, row_bytes], dequantized float64 [nrows, k]) built by gguf."""
     rng = np.random.default_rng([seed, int(qtype), nrows, k])
     # per-row offsets make the minimum of q4_1/q5_1 matter; a few large values stretch blocks
-    w = (rng.standard_normal((nrows, k)) * 0.5 + rng.uniform(-0.3, 0.3, (nrows, 1))).astype(np.float32)
+    w = rng.standard_normal((nrows, k)) * 0.5 + rng.uniform(-0.3, 0.3, (nrows, 1))
+    w = w.astype(np.float32)
     w[rng.random((nrows, k)) < 0.01] *= 8
     wq = gguf.quants.quantize(w, qtype)
     wbytes = np.ascontiguousarray(wq).view(np.uint8).reshape(nrows, -1)
@@ -139,7 +134,7 @@ def check_against_oracle(y, wd, x, qtype):
 
 def test_quantize_q8_matches_numpy_mirror(isa):
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal(32 * 64) * np.repeat(rng.uniform(1e-3, 100, 64), 32)).astype(np.float32)
+    x = (rng.standard_normal(32 * 64) * np.repeat(rng.uniform(1e-3, 100, 64), 32)).astype("f4")
     x[:32] = 0                                              # all-zero block: d = 0
     x[32:64] = np.arange(-15.5, 16.5, 1, dtype=np.float32)  # amax 16.5 -> d, many near-ties
     x[64:96] = np.r_[127, np.arange(-15.5, 15.5, 1)].astype(np.float32)  # d = 1: exact .5 ties
@@ -211,7 +206,7 @@ def test_matmul_model_tensors(isa, smollm, name, rows, ncols):
     t = smollm[name]
     data = t.data if rows is None else t.data[rows[0]:rows[1]]   # rows of raw bytes (memmap)
     nrows, k = data.shape[0], int(t.shape[0])
-    wd = gguf.quants.dequantize(np.asarray(data), t.tensor_type).reshape(nrows, k).astype(np.float64)
+    wd = gguf.quants.dequantize(np.asarray(data), t.tensor_type).reshape(nrows, k).astype("f8")
     x = acts(ncols, k, seed=7)
     y = matmul(isa, t.tensor_type, np.ascontiguousarray(data), nrows, k, x)
     check_against_oracle(y, wd, x, t.tensor_type)
@@ -260,18 +255,20 @@ def f32_to_f16_inputs():
     with np.errstate(invalid="ignore"):   # inf + -inf neighbours around the NaNs
         halfway = ((all_f16[:-1].astype(np.float64) + all_f16[1:]) / 2).astype(np.float32)
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 1e30,
-                        2.0**-24, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-26, 2.0**-14, 2.0**-14 * 0.9999,
+                        2.0**-24, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-26, 2.0**-14,
+                        2.0**-14 * 0.9999,
                         1e-45, 3e-8, 6.1e-5, 1 + 2.0**-11, 1 + 3 * 2.0**-11], np.float32)
     rand_bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    small = (rng.standard_normal(100_000) * np.exp2(rng.uniform(-30, 17, 100_000))).astype(np.float32)
+    small = rng.standard_normal(100_000) * np.exp2(rng.uniform(-30, 17, 100_000))   # all scales
+    small = small.astype(np.float32)
     return np.concatenate([all_f16, halfway, -halfway, special, -special, rand_bits, small])
 
 
 def test_f32_to_f16(isa):
     x = f32_to_f16_inputs()
     got = np.empty(x.size, np.uint16)
-    assert _abi_lib.pd_kernel_f32_to_f16(isa.encode(), _abi.from_buffer("float[]", x),
-                                         _abi.from_buffer("uint16_t[]", got), x.size) == lib.PD_OK
+    assert lib.pd_kernel_f32_to_f16(isa.encode(), ffi.from_buffer("float[]", x),
+                                         ffi.from_buffer("uint16_t[]", got), x.size) == lib.PD_OK
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     nan = np.isnan(want)
@@ -294,7 +291,8 @@ def test_attention(isa, f16, n_pos, head_dim, qscale):
     scale = 1 / np.sqrt(head_dim)
     out = np.full(head_dim, np.nan, np.float32)
     rc = lib.pd_kernel_attn(isa.encode(), f16, ffi.from_buffer("float[]", q), ffi.from_buffer(kc),
-                            ffi.from_buffer(vc), n_pos, head_dim, scale, ffi.from_buffer("float[]", out))
+                            ffi.from_buffer(vc), n_pos, head_dim, scale,
+                            ffi.from_buffer("float[]", out))
     assert rc == lib.PD_OK
     s = scale * (kc.astype(np.float64) @ q.astype(np.float64))
     p = np.exp(s - s.max())
@@ -317,7 +315,11 @@ def test_isa_names():
 def test_env_var_forces_isa(monkeypatch):
     x = np.ones(32, np.float32)
     out = np.zeros(1, Q8_DTYPE)
-    call = lambda: lib.pd_kernel_quantize_q8(ffi.NULL, ffi.from_buffer("float[]", x), ffi.from_buffer(out), 32)
+
+    def call():
+        return lib.pd_kernel_quantize_q8(ffi.NULL, ffi.from_buffer("float[]", x),
+                                         ffi.from_buffer(out), 32)
+
     monkeypatch.setenv("PYDECODE_ISA", "foo")
     assert call() == lib.PD_EINVAL
     monkeypatch.setenv("PYDECODE_ISA", "scalar")
@@ -343,11 +345,16 @@ def test_bad_inputs_return_errors():
     assert mm(b"scalar", int(QT.Q4_0), pw, 144, 1, 256, px, 0, py) == E  # no columns
     assert mm(b"scalar", int(QT.Q4_0), ffi.NULL, 144, 1, 256, px, 1, py) == E
     q = lib.pd_kernel_quantize_q8
-    assert q(b"scalar", px, pw, 33) == E and q(b"foo", px, pw, 32) == E and q(b"scalar", px, pw, 0) == E
+    assert q(b"scalar", px, pw, 33) == E and q(b"scalar", px, pw, 0) == E
+    assert q(b"foo", px, pw, 32) == E
     dr = lib.pd_kernel_dequantize_row
-    assert dr(99, pw, py, 32) == E and dr(int(QT.Q4_0), pw, py, 48) == E and dr(int(QT.Q8_1), pw, py, 32) == E
+    assert dr(99, pw, py, 32) == E and dr(int(QT.Q8_1), pw, py, 32) == E
+    assert dr(int(QT.Q4_0), pw, py, 48) == E
     at = lib.pd_kernel_attn
     assert at(b"foo", 0, px, pw, pw, 1, 64, 1.0, py) == E
     assert at(b"scalar", 0, px, pw, pw, 0, 64, 1.0, py) == E
     assert at(b"scalar", 0, px, pw, pw, 1, 0, 1.0, py) == E
-    assert _abi_lib.pd_kernel_f32_to_f16(b"foo", _abi.cast("float *", 0), _abi.cast("uint16_t *", 0), 0) == E
+    h = np.zeros(8, np.uint16)
+    ph = ffi.from_buffer("uint16_t[]", h)
+    assert lib.pd_kernel_f32_to_f16(b"foo", ffi.from_buffer("float[]", x), ph, 8) == E
+    assert lib.pd_kernel_f32_to_f16(b"scalar", ffi.NULL, ph, 8) == E
