@@ -177,6 +177,25 @@ static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, 
     }
 }
 
+/* x += tmp (the block's output) for rows [r0, r1) this thread computed; with a post-norm
+ * (gemma) the whole row must be normalized first, so that waits for every thread's rows. */
+static void residual_add(pd_model *m, int n, const pd_tensor *post_norm, int r0, int r1, int ith, int nth) {
+    int d = m->c.n_embd;
+    if (!post_norm->data) {
+        for (int t = 0; t < n; t++)
+            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
+        return;
+    }
+    pd_barrier(m->pool);
+    int t0, t1;
+    pd_split(n, ith, nth, 1, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
+        rmsnorm(y, y, (const float *)post_norm->data, d, m->c.norm_eps);
+        for (int i = 0; i < d; i++) x[i] += y[i];
+    }
+}
+
 /* ---------------- one layer, all threads ---------------- */
 
 static void layer_forward(step_ctx *s, int l, int ith, int nth) {
@@ -245,19 +264,7 @@ static void layer_forward(step_ctx *s, int l, int ith, int nth) {
     pd_barrier(m->pool);
     pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
     matmul_rows(m, LT(m, l, PD_WO), r0, r1, n, m->tmp, d);
-    const pd_tensor *pan = LT(m, l, PD_POST_ATTN_NORM);
-    if (pan->data) {
-        pd_barrier(m->pool);   /* the post-norm needs the whole row */
-        pd_split(n, ith, nth, 1, &t0, &t1);
-        for (int t = t0; t < t1; t++) {
-            float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
-            rmsnorm(y, y, (const float *)pan->data, d, c->norm_eps);
-            for (int i = 0; i < d; i++) x[i] += y[i];
-        }
-    } else {
-        for (int t = 0; t < n; t++)
-            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
-    }
+    residual_add(m, n, LT(m, l, PD_POST_ATTN_NORM), r0, r1, ith, nth);
     pd_barrier(m->pool);
 
     /* 6. FFN: norm, gate and up in one pass (same rows -> activation fused), down, residual */
@@ -275,19 +282,7 @@ static void layer_forward(step_ctx *s, int l, int ith, int nth) {
     pd_barrier(m->pool);
     pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
     matmul_rows(m, LT(m, l, PD_DOWN), r0, r1, n, m->tmp, d);
-    const pd_tensor *pfn = LT(m, l, PD_POST_FFN_NORM);
-    if (pfn->data) {
-        pd_barrier(m->pool);
-        pd_split(n, ith, nth, 1, &t0, &t1);
-        for (int t = t0; t < t1; t++) {
-            float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
-            rmsnorm(y, y, (const float *)pfn->data, d, c->norm_eps);
-            for (int i = 0; i < d; i++) x[i] += y[i];
-        }
-    } else {
-        for (int t = 0; t < n; t++)
-            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
-    }
+    residual_add(m, n, LT(m, l, PD_POST_FFN_NORM), r0, r1, ith, nth);
     pd_barrier(m->pool);
 }
 

@@ -33,7 +33,7 @@ _model_opt = click.option("-m", "--model", default=DEFAULT_MODEL, show_default=T
                           help="Registry name (fetched on first use) or path to a .gguf file.")
 _threads_opt = click.option("-t", "--threads", type=int, default=None, help="Threads (default: physical cores).")
 _ctx_opt = click.option("-c", "--ctx", "n_ctx", type=int, default=None, help="Context size in tokens.")
-_isa_opt = click.option("--isa", default=None, help="Force kernels: scalar, avx2 (default: best for this CPU).")
+_isa_opt = click.option("--isa", default=None, help="Force kernels: scalar, avx2 (default: best for this CPU, or $PYDECODE_ISA).")
 
 
 @main.command()

@@ -105,12 +105,14 @@ class Model:
             tensors[i].ne1 = t.n_elements // t.shape[0]
             tensors[i].row_bytes = t.row_bytes
         err = ffi.new("char[512]")
+        if not isa:
+            isa = os.environ.get("PYDECODE_ISA") or None
         isa_c = ffi.new("char[]", isa.encode()) if isa else ffi.NULL
         ptr = lib.pd_model_new(cfg, tensors, len(names), isa_c, err, 512)
         if ptr == ffi.NULL:
             msg = ffi.string(err).decode(errors="replace")
             if "instruction set" in msg:
-                raise ValueError(msg)
+                raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar, avx2)")
             raise ModelError(f"{self.path}: {msg}")
         self._ptr = ptr
 

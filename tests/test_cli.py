@@ -29,3 +29,20 @@ def test_bad_model_is_a_clear_error(tmp_path):
     assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr
     r = _cli("run", "-m", "no-such-model", "-p", "hi")
     assert r.returncode == 1 and "no-such-model" in r.stderr
+
+
+def test_pydecode_isa_env_forces_kernels(smollm_path):
+    import os
+
+    code = ("import pydecode; m = pydecode.Model(%r, n_ctx=32, n_threads=1); print(m.isa)" % str(smollm_path))
+    for isa in ("scalar", "avx2"):
+        from pydecode._core import lib
+
+        if not lib.pd_isa_supported(isa.encode()):
+            continue
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYDECODE_ISA": isa}, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == isa, r.stderr
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYDECODE_ISA": "sse9"}, timeout=120)
+    assert r.returncode != 0 and "instruction set 'sse9'" in r.stderr
