@@ -27,6 +27,13 @@ enum { PD_ACT_NONE = -1, PD_ACT_F32 = 0, PD_ACT_Q8 = 1, PD_ACT_Q8K = 2 };
  * formats like Q4_1 (w = dw*q + m  =>  sum(w*x) = dw*dx*sum(q*qs) + m*s). */
 typedef struct { float d; float s; int8_t qs[PD_QK]; } pd_q8;
 
+#define PD_QKK 256        /* values per super-block of the K-quants and of pd_q8k */
+
+/* Activation block for the K-quants: 256 values, one scale, and the sum of each 16 values so the
+ * minimum term of Q2_K/Q4_K/Q5_K (w = d*sc*q - dmin*m per 16 or 32 values) and the offsets of
+ * Q3_K/Q6_K need no extra pass: sum(w*x) = d*dx*sum(sc*sum(q*qs)) - dmin*dx*sum(m*bsums). */
+typedef struct { float d; int8_t qs[PD_QKK]; int16_t bsums[PD_QKK / 16]; } pd_q8k;
+
 /* GGML block layouts (byte-exact with the GGUF file). f16 stored as uint16_t bits. */
 typedef struct { uint16_t d; uint8_t qs[16]; } pd_block_q4_0;               /* w = d*(q-8) */
 typedef struct { uint16_t d, m; uint8_t qs[16]; } pd_block_q4_1;            /* w = d*q + m */
@@ -39,7 +46,7 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; 
 /* Y[c*y_stride + r] = dot(row r of W, column c of X) for r < nrows, c < ncols.
  * Row r of W starts at (const char*)w + r*w_stride and holds k values of the weight type.
  * Column c of X starts at (const char*)x + c*x_stride, in the activation format of that type
- * (pd_q8[k/32] for PD_ACT_Q8, float[k] for PD_ACT_F32). ncols == 1 is the decode mat-vec;
+ * (pd_q8[k/32] for PD_ACT_Q8, pd_q8k[k/256] for PD_ACT_Q8K, float[k] for PD_ACT_F32). ncols == 1 is the decode mat-vec;
  * ncols > 1 is prefill, where a kernel should reuse each loaded weight block for many columns. */
 typedef void (*pd_matmul_fn)(int k, const void *w, size_t w_stride, int nrows,
                              const void *x, size_t x_stride, int ncols,
@@ -48,6 +55,7 @@ typedef void (*pd_matmul_fn)(int k, const void *w, size_t w_stride, int nrows,
 typedef struct {
     const char *name;
     void (*quantize_q8)(const float *x, pd_q8 *y, int k);         /* k % 32 == 0 */
+    void (*quantize_q8k)(const float *x, pd_q8k *y, int k);       /* k % 256 == 0 */
     pd_matmul_fn matmul[PD_NTYPES];                                  /* NULL = unsupported */
     float (*dot_f32)(const float *a, const float *b, int n);
     float (*dot_f16)(const float *a, const uint16_t *b, int n);      /* attention: q . K row */
@@ -72,9 +80,6 @@ const char *pd_type_name(int type);
 /* Dequantize one row (embedding lookup; tests). Returns 0, or -1 for unsupported type. */
 int pd_dequantize_row(int type, const void *w, float *y, int k);
 
-/* Test entry point for a table's f32_to_f16 (kernel_api.c). Not in pydecode.h (yet), so tests
- * reach it through the exported symbol; same conventions as the pd_kernel_* entry points there. */
-int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);
 
 /* Portable scalar f16/bf16 conversions. */
 float pd_f16_to_f32(uint16_t h);

@@ -29,7 +29,9 @@ struct pd_model {
     /* Scratch for up to n_batch tokens (row strides in elements / bytes below). */
     float *x;        /* residual stream [nb][d] */
     float *xn;       /* normed input of the next matmul [nb][max_in] */
-    pd_q8 *xq;       /* xn quantized [nb][max_in/32] */
+    pd_q8 *xq;       /* xn quantized [nb][max_in/32] (legacy formats) */
+    pd_q8k *xqk;     /* xn quantized [nb][max_in/256] (K-quants) */
+    int need_q8, need_q8k;
     float *q;        /* [nb][n_head*hd] */
     float *kk, *vv;  /* this step's K/V before append [nb][n_kv*hd] */
     float *att;      /* attention output [nb][n_head*hd] */
@@ -37,7 +39,7 @@ struct pd_model {
     float *tmp;      /* matmul outputs before the residual add [nb][d] */
     float *scores;   /* per thread [n_ctx] */
     float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
-    size_t max_in, xq_stride;
+    size_t max_in, xq_stride, xqk_stride;
     char err[256];
 };
 
@@ -113,18 +115,21 @@ static void matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
     int k = (int)w->ne0;
     const void *x;
     size_t xs;
-    if (pd_type_act_format(w->type) == PD_ACT_Q8) { x = m->xq; xs = m->xq_stride * sizeof(pd_q8); }
-    else { x = m->xn; xs = m->max_in * sizeof(float); }
+    switch (pd_type_act_format(w->type)) {
+    case PD_ACT_Q8: x = m->xq; xs = m->xq_stride * sizeof(pd_q8); break;
+    case PD_ACT_Q8K: x = m->xqk; xs = m->xqk_stride * sizeof(pd_q8k); break;
+    default: x = m->xn; xs = m->max_in * sizeof(float); break;
+    }
     m->k->matmul[w->type](k, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
                           r1 - r0, x, xs, n, out + r0, out_stride);
 }
 
-/* The input of the next matmuls: xn[t] (already written) quantized to 8-bit blocks. */
-static void quantize_inputs(pd_model *m, int n_in, int n, int ith, int nth) {
-    int t0, t1;
-    pd_split(n, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++)
-        m->k->quantize_q8(m->xn + (size_t)t * m->max_in, m->xq + (size_t)t * m->xq_stride, n_in);
+/* The input of the next matmuls: xn[t] (already written) quantized once into each 8-bit block
+ * format the model's weights pair with. */
+static void quantize_row(pd_model *m, int t, int n_in) {
+    const float *src = m->xn + (size_t)t * m->max_in;
+    if (m->need_q8) m->k->quantize_q8(src, m->xq + (size_t)t * m->xq_stride, n_in);
+    if (m->need_q8k && n_in % PD_QKK == 0) m->k->quantize_q8k(src, m->xqk + (size_t)t * m->xqk_stride, n_in);
 }
 
 static void norm_inputs(pd_model *m, const float *src, size_t src_stride, const pd_tensor *w,
@@ -135,7 +140,7 @@ static void norm_inputs(pd_model *m, const float *src, size_t src_stride, const 
         float *dst = m->xn + (size_t)t * m->max_in;
         if (w) rmsnorm(dst, src + (size_t)t * src_stride, (const float *)w->data, n_in, m->c.norm_eps);
         else memcpy(dst, src + (size_t)t * src_stride, (size_t)n_in * sizeof(float));
-        m->k->quantize_q8(dst, m->xq + (size_t)t * m->xq_stride, n_in);
+        quantize_row(m, t, n_in);
     }
 }
 
@@ -315,7 +320,7 @@ static void forward_task(void *ctx, int ith, int nth) {
     for (int t = t0; t < t1; t++) {
         float *dst = m->xn + (size_t)t * m->max_in;
         rmsnorm(dst, m->x + (size_t)(first + t) * d, (const float *)m->g[PD_OUTPUT_NORM].data, d, c->norm_eps);
-        m->k->quantize_q8(dst, m->xq + (size_t)t * m->xq_stride, d);
+        quantize_row(m, t, d);
     }
     pd_barrier(m->pool);
     const pd_tensor *out = m->g[PD_OUTPUT].data ? &m->g[PD_OUTPUT] : &m->g[PD_TOK_EMBD];
@@ -428,7 +433,7 @@ void pd_model_free(pd_model *m) {
     if (m->kc) for (int l = 0; l < m->c.n_layer; l++) free(m->kc[l]);
     if (m->vc) for (int l = 0; l < m->c.n_layer; l++) free(m->vc[l]);
     free(m->kc); free(m->vc); free(m->lt);
-    free(m->x); free(m->xn); free(m->xq); free(m->q); free(m->kk); free(m->vv); free(m->att);
+    free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
     free(m);
 }
@@ -452,6 +457,13 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     m->max_in = (size_t)(d > qd ? d : qd);
     if ((size_t)cfg->n_ff > m->max_in) m->max_in = cfg->n_ff;
     m->xq_stride = m->max_in / PD_QK;
+    m->xqk_stride = m->max_in / PD_QKK + 1;
+    for (int i = 0; i < n_tensors; i++) {
+        if (!tensors[i].data) continue;
+        int f = pd_type_act_format(tensors[i].type);
+        m->need_q8 |= f == PD_ACT_Q8;
+        m->need_q8k |= f == PD_ACT_Q8K;
+    }
     m->kv_elem = cfg->kv_f16 ? 2 : 4;
     m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
@@ -468,6 +480,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->x = malloc((size_t)nb * d * sizeof(float));
         m->xn = malloc((size_t)nb * m->max_in * sizeof(float));
         m->xq = malloc((size_t)nb * m->xq_stride * sizeof(pd_q8));
+        m->xqk = malloc((size_t)nb * m->xqk_stride * sizeof(pd_q8k));
         m->q = malloc((size_t)nb * qd * sizeof(float));
         m->kk = malloc((size_t)nb * kvd * sizeof(float));
         m->vv = malloc((size_t)nb * kvd * sizeof(float));
@@ -478,7 +491,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->scores = malloc((size_t)m->c.n_threads * cfg->n_ctx * sizeof(float));
         m->rope_cs = malloc((size_t)nb * 2 * (m->c.rope_dim > 0 ? m->c.rope_dim : 2) * sizeof(float));
         m->pool = pd_pool_new(m->c.n_threads);
-        ok = m->x && m->xn && m->xq && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
+        ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
              m->tmp && m->scores && m->rope_cs && m->pool;
     }
     if (!ok) {
