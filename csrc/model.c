@@ -23,8 +23,11 @@ struct pd_model {
     pd_pool *pool;
     pd_tensor g[PD_GLOBAL_SLOTS];
     pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
-    /* KV cache: per layer [n_ctx][n_head_kv * head_dim], F16 or F32. */
+    /* KV cache: per layer [kv_cap[l]][n_head_kv * head_dim], F16 or F32. Position p lives in
+     * slot p % kv_cap[l]: global layers hold n_ctx positions, sliding-window layers a ring of
+     * window + n_batch (a prefill chunk's earliest query still sees its whole window). */
     void **kc, **vc;
+    int *kv_cap;
     size_t kv_elem, kv_bytes;
     /* Scratch for up to n_batch tokens (row strides in elements / bytes below). */
     float *x;        /* residual stream [nb][d] */
@@ -75,7 +78,7 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 
 /* cos/sin of pos * base^(-2i/rope_dim) for the rope_dim/2 pairs, computed once per token and
  * base per step and shared by every head of every layer. */
-static void rope_table(float *cs, int rope_dim, int pos, float base) {
+static void rope_table(float *cs, int rope_dim, double pos, float base) {
     for (int i = 0; i < rope_dim / 2; i++) {
         double theta = pos * pow(base, -2.0 * i / rope_dim);
         cs[2 * i] = (float)cos(theta);
@@ -149,6 +152,7 @@ static void norm_inputs(pd_model *m, const float *src, size_t src_stride, const 
 /* append_kv: the K and V rows of token t (position p) go into layer l's cache. */
 static void append_kv(pd_model *m, int l, int p, const float *k, const float *v) {
     int kvd = m->c.n_head_kv * m->c.head_dim;
+    p %= m->kv_cap[l];
     if (m->c.kv_f16) {
         m->k->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
         m->k->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
@@ -162,11 +166,12 @@ static void append_kv(pd_model *m, int l, int p, const float *k, const float *v)
 static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, float scale,
                    float *scores, float *out) {
     const pd_kernels *K = m->k;
-    int hd = m->c.head_dim, kvd = m->c.n_head_kv * hd;
+    int hd = m->c.head_dim, kvd = m->c.n_head_kv * hd, cap = m->kv_cap[l];
     float mx = -INFINITY;
     for (int p = lo; p <= hi; p++) {
-        float s = m->c.kv_f16 ? K->dot_f16(q, (const uint16_t *)m->kc[l] + (size_t)p * kvd + kvh * hd, hd)
-                              : K->dot_f32(q, (const float *)m->kc[l] + (size_t)p * kvd + kvh * hd, hd);
+        size_t at = (size_t)(p % cap) * kvd + kvh * hd;
+        float s = m->c.kv_f16 ? K->dot_f16(q, (const uint16_t *)m->kc[l] + at, hd)
+                              : K->dot_f32(q, (const float *)m->kc[l] + at, hd);
         s *= scale;
         scores[p - lo] = s;
         if (s > mx) mx = s;
@@ -177,8 +182,9 @@ static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, 
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int p = lo; p <= hi; p++) {
         float w = scores[p - lo] * inv;
-        if (m->c.kv_f16) K->axpy_f16(out, w, (const uint16_t *)m->vc[l] + (size_t)p * kvd + kvh * hd, hd);
-        else K->axpy_f32(out, w, (const float *)m->vc[l] + (size_t)p * kvd + kvh * hd, hd);
+        size_t at = (size_t)(p % cap) * kvd + kvh * hd;
+        if (m->c.kv_f16) K->axpy_f16(out, w, (const uint16_t *)m->vc[l] + at, hd);
+        else K->axpy_f32(out, w, (const float *)m->vc[l] + at, hd);
     }
 }
 
@@ -305,7 +311,8 @@ static void forward_task(void *ctx, int ith, int nth) {
         pd_dequantize_row(e->type, (const char *)e->data + (size_t)s->tokens[t] * e->row_bytes, x, d);
         if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
         float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
-        rope_table(cs, c->rope_dim, s->pos + t, c->rope_base);
+        rope_table(cs, c->rope_dim, (double)(s->pos + t) * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
+                   c->rope_base);
         rope_table(cs + c->rope_dim, c->rope_dim, s->pos + t,
                    c->rope_base_local > 0 ? c->rope_base_local : c->rope_base);
     }
@@ -432,7 +439,7 @@ void pd_model_free(pd_model *m) {
     if (m->pool) pd_pool_free(m->pool);
     if (m->kc) for (int l = 0; l < m->c.n_layer; l++) free(m->kc[l]);
     if (m->vc) for (int l = 0; l < m->c.n_layer; l++) free(m->vc[l]);
-    free(m->kc); free(m->vc); free(m->lt);
+    free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
     free(m);
@@ -467,9 +474,13 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     m->kv_elem = cfg->kv_f16 ? 2 : 4;
     m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
-    int ok = m->lt && m->kc && m->vc;
+    m->kv_cap = calloc((size_t)cfg->n_layer, sizeof(int));
+    int ok = m->lt && m->kc && m->vc && m->kv_cap;
     for (int l = 0; ok && l < cfg->n_layer; l++) {
-        size_t bytes = (size_t)cfg->n_ctx * kvd * m->kv_elem;
+        int cap = cfg->n_ctx;
+        if (layer_is_local(cfg, l) && cfg->sliding_window + nb < cap) cap = cfg->sliding_window + nb;
+        m->kv_cap[l] = cap;
+        size_t bytes = (size_t)cap * kvd * m->kv_elem;
         m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
         m->vc[l] = calloc(1, bytes);
         ok = m->kc[l] && m->vc[l];

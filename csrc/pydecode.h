@@ -43,6 +43,7 @@ typedef struct {
     int norm_add_one;        /* reserved: RMSNorm weight applied as (1 + w) */
     int sliding_window;      /* 0: none */
     int swa_period;          /* every swa_period-th layer is global (gemma3: 6); 0: all global */
+    float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
     int kv_f16;              /* 1: F16 cache (default), 0: F32 */
     int n_threads;
 } pd_config;

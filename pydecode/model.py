@@ -87,6 +87,7 @@ class Model:
         cfg.rope_dim, cfg.rope_neox = c.rope_dim, int(c.rope_neox)
         cfg.attn_scale, cfg.embd_scale, cfg.act_gelu = 0.0, c.embd_scale, int(c.act_gelu)
         cfg.sliding_window, cfg.swa_period = c.sliding_window, c.swa_period
+        cfg.rope_freq_scale = c.rope_freq_scale
         cfg.kv_f16 = int(self.kv_type == "f16")
         names = list(GLOBAL_TENSORS) + [f"blk.{l}.{t}" for l in range(c.n_layer) for t in LAYER_TENSORS]
         tensors = ffi.new("pd_tensor[]", len(names))

@@ -1,4 +1,4 @@
-"""Plain numpy (float64) llama forward pass over a GGUF file: the test oracle.
+"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3): the test oracle.
 
 Written for readability, not speed. Follows the llama architecture as in
 Hugging Face ``modeling_llama`` and llama.cpp's llama graph:
@@ -42,8 +42,9 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch != "llama":
-            raise NotImplementedError(f"reference supports llama only, got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3; got {arch!r}")
+        self.arch = arch
 
         def m(key, default=None):
             return self.meta(f"{arch}.{key}", default)
@@ -58,6 +59,16 @@ class ReferenceModel:
         self.rope_dim = int(m("rope.dimension_count", self.head_dim))
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
+        # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
+        self.neox = arch in ("qwen2", "gemma3")
+        self.gemma = arch == "gemma3"
+        # Gemma 3: 5 sliding-window layers (RoPE base 10k) then 1 global layer (metadata base).
+        self.window = int(m("attention.sliding_window", 0)) if self.gemma else 0
+        self.swa_period = int(m("attention.sliding_window_pattern", 6)) if self.gemma else 0
+        self.rope_base_local = float(m("rope.freq_base_swa", 10000.0))
+
+    def is_local(self, i) -> bool:
+        return self.window > 0 and i % self.swa_period < self.swa_period - 1
 
     # -- GGUF access ---------------------------------------------------------------------------
     def meta(self, key, default=None):
@@ -84,33 +95,37 @@ class ReferenceModel:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.w(name)
 
     @staticmethod
-    def q8(x):
-        """x -> dequant(quant_q8(x)) per 32-value block along the last axis."""
-        b = x.reshape(*x.shape[:-1], -1, 32)
+    def q8(x, block=32):
+        """x -> dequant(quant_q8(x)) per block of 32 (256 for the K-quants) along the last axis."""
+        b = x.reshape(*x.shape[:-1], -1, block)
         d = np.abs(b).max(axis=-1, keepdims=True) / 127.0
         q = np.round(np.divide(b, d, out=np.zeros_like(b), where=d > 0))
         return (q * d).reshape(x.shape)
 
     def linear(self, x, name):
-        if self.act_quant and self.tensors[name + ".weight"].tensor_type not in (0, 1, 30):
-            x = self.q8(x)
+        wtype = int(self.tensors[name + ".weight"].tensor_type)
+        if self.act_quant and wtype not in (0, 1, 30):
+            x = self.q8(x, 256 if 10 <= wtype <= 14 else 32)
         y = x @ self.w(name + ".weight").astype(np.float64).T  # upcast (contiguous) then transpose
         if self.has(name + ".bias"):
             y = y + self.w(name + ".bias")
         return y
 
-    def rope(self, x, pos):
-        """Interleaved ("normal", GGML mode 0) RoPE on x of shape (T, heads, head_dim)."""
+    def rope(self, x, pos, base=None):
+        """RoPE on x of shape (T, heads, head_dim): interleaved ("normal", GGML mode 0) pairs
+        (2i, 2i+1), or NeoX halves (i, i + d/2)."""
         d = self.rope_dim
-        inv_freq = self.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
+        base = self.rope_base if base is None else base
+        inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
         if self.has("rope_freqs.weight"):  # llama3-style per-frequency factors
             inv_freq = inv_freq / self.w("rope_freqs.weight")
         ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # (T, d/2)
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         x = x.copy()
-        x0, x1 = x[..., 0:d:2].copy(), x[..., 1:d:2].copy()
-        x[..., 0:d:2] = x0 * cos - x1 * sin
-        x[..., 1:d:2] = x0 * sin + x1 * cos
+        a, b = (slice(0, d // 2), slice(d // 2, d)) if self.neox else (slice(0, d, 2), slice(1, d, 2))
+        x0, x1 = x[..., a].copy(), x[..., b].copy()
+        x[..., a] = x0 * cos - x1 * sin
+        x[..., b] = x0 * sin + x1 * cos
         return x
 
     def attention(self, h, i, pos):
@@ -118,11 +133,17 @@ class ReferenceModel:
         q = self.linear(h, f"blk.{i}.attn_q").reshape(T, self.n_head, hd)
         k = self.linear(h, f"blk.{i}.attn_k").reshape(T, self.n_head_kv, hd)
         v = self.linear(h, f"blk.{i}.attn_v").reshape(T, self.n_head_kv, hd)
-        q, k = self.rope(q, pos), self.rope(k, pos)
+        if self.gemma:  # per-head RMSNorm of Q and K before RoPE
+            q = self.rmsnorm(q, f"blk.{i}.attn_q_norm.weight")
+            k = self.rmsnorm(k, f"blk.{i}.attn_k_norm.weight")
+        base = self.rope_base_local if self.is_local(i) else self.rope_base
+        q, k = self.rope(q, pos, base), self.rope(k, pos, base)
         group = self.n_head // self.n_head_kv
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h -> kv h//group
         scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)  # (heads, T_q, T_k)
         causal = np.triu(np.ones((T, T), dtype=bool), k=1)
+        if self.is_local(i):  # query t sees keys s with t - s < window
+            causal |= np.tril(np.ones((T, T), dtype=bool), k=-self.window)
         scores = np.where(causal[None], -np.inf, scores)
         p = np.exp(scores - scores.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
@@ -132,7 +153,11 @@ class ReferenceModel:
     def ffn(self, h, i):
         g = self.linear(h, f"blk.{i}.ffn_gate")
         u = self.linear(h, f"blk.{i}.ffn_up")
-        return self.linear(g / (1.0 + np.exp(-g)) * u, f"blk.{i}.ffn_down")  # silu(g) * u
+        if self.gemma:  # GELU, tanh approximation
+            act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+        else:
+            act = g / (1.0 + np.exp(-g))  # silu
+        return self.linear(act * u, f"blk.{i}.ffn_down")
 
     # -- forward -------------------------------------------------------------------------------
     def hidden(self, tokens) -> np.ndarray:
@@ -140,9 +165,17 @@ class ReferenceModel:
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(len(tokens))
         x = self.w("token_embd.weight")[tokens].astype(np.float64)
+        if self.gemma:
+            x = x * np.sqrt(self.n_embd)
         for i in range(self.n_layer):
-            x = x + self.attention(self.rmsnorm(x, f"blk.{i}.attn_norm.weight"), i, pos)
-            x = x + self.ffn(self.rmsnorm(x, f"blk.{i}.ffn_norm.weight"), i)
+            a = self.attention(self.rmsnorm(x, f"blk.{i}.attn_norm.weight"), i, pos)
+            if self.gemma:
+                a = self.rmsnorm(a, f"blk.{i}.post_attention_norm.weight")
+            x = x + a
+            f = self.ffn(self.rmsnorm(x, f"blk.{i}.ffn_norm.weight"), i)
+            if self.gemma:
+                f = self.rmsnorm(f, f"blk.{i}.post_ffw_norm.weight")
+            x = x + f
         return self.rmsnorm(x, "output_norm.weight")
 
     def logits(self, tokens) -> np.ndarray:
