@@ -14,6 +14,7 @@ COMMON_FLAGS = _build["COMMON_FLAGS"]
 # Never -march=native (and never AMX flags): one build must run on any CPU of the family.
 X86_ISA_SOURCES = {
     "csrc/kernels_avx2.c": (["-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVX2"),
+    "csrc/sampling_avx2.c": (["-mavx2", "-mfma"], "PD_HAVE_AVX2"),
 }
 
 
@@ -39,7 +40,8 @@ class BuildExt(build_ext):
                     extra_postargs=COMMON_FLAGS + flags + ["-fPIC"],
                 )
                 ext.extra_objects = list(ext.extra_objects or []) + objs
-                ext.define_macros = list(ext.define_macros or []) + [(macro, "1")]
+                if (macro, "1") not in (ext.define_macros or []):
+                    ext.define_macros = list(ext.define_macros or []) + [(macro, "1")]
         super().build_extension(ext)
 
 

@@ -1,9 +1,9 @@
 """Single-thread kernel throughput: GB/s of weight bytes streamed per mat-vec (decode) and the
 same matrix against a block of columns (prefill), for each kernel table on this machine.
 
-    python bench/bench_kernels.py [--rows 4096] [--k 4096] [--types Q4_1,Q8_0] [--ncols 1,16]
+    python bench/bench_kernels.py [--rows 4096] [--k 4096] [--types Q4_1,Q4_K] [--ncols 1,16]
 
-One 4096 x 4096 matrix (10.5 MB Q4_1, 17.8 MB Q8_0) fits a large L3, so two numbers are shown:
+One 4096 x 4096 matrix (10.5 MB Q4_1, 17.8 MB Q8_0, 9.4 MB Q4_K, 13.8 MB Q6_K) fits a large L3, so two numbers are shown:
 "cold" cycles through enough copies (>= 256 MB) that every call streams its weights from DRAM,
 as decode does for a real model; "hot" repeats one matrix (L3-resident when it fits). Prefill
 (ncols > 1) numbers count each weight byte once per call.
@@ -17,6 +17,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from pydecode._core import ffi, lib
 
 
+# byte offset of the f16 super-block scale d of each K-quant block (dmin follows, if any)
+K_D_OFFSET = {QT.Q2_K: 80, QT.Q3_K: 108, QT.Q4_K: 0, QT.Q5_K: 0, QT.Q6_K: 208}
+
+
 def random_weights(qtype, rows, k, rng):
     """Random quant bytes with sane f16 scales (a valid tensor without running a quantizer)."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
@@ -25,6 +29,11 @@ def random_weights(qtype, rows, k, rng):
         blocks = w.reshape(rows, k // 32, nbytes)
         nscale = 2 if qtype in (QT.Q4_1, QT.Q5_1) else 1
         blocks[..., : 2 * nscale] = np.full(nscale, 0.01, np.float16).view(np.uint8)
+    elif block == 256:   # K-quants: every quant/sub-scale byte pattern is valid; set d (dmin)
+        blocks = w.reshape(rows, k // 256, nbytes)
+        off = K_D_OFFSET[qtype]
+        nscale = 2 if qtype in (QT.Q2_K, QT.Q4_K, QT.Q5_K) else 1
+        blocks[..., off: off + 2 * nscale] = np.full(nscale, 1e-3, np.float16).view(np.uint8)
     elif qtype in (QT.F16, QT.BF16, QT.F32):
         w = rng.standard_normal((rows, k)).astype(
             {QT.F16: np.float16, QT.F32: np.float32, QT.BF16: np.float32}[qtype])
@@ -56,7 +65,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--types", default="Q4_1,Q8_0")
+    ap.add_argument("--types", default="Q4_1,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--ncols", default="1")
     ap.add_argument("--isas", default="scalar,avx2")
     args = ap.parse_args()

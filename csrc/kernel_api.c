@@ -13,6 +13,15 @@ int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k) {
     return PD_OK;
 }
 
+/* Not (yet) in pydecode.h, so not in the cffi module: the tests reach it through ctypes. */
+int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k);
+int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !kt->quantize_q8k || !x || !out || k <= 0 || k % PD_QKK) return PD_EINVAL;
+    kt->quantize_q8k(x, (pd_q8k *)out, k);
+    return PD_OK;
+}
+
 int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                      const float *x, int ncols, float *y) {
     const pd_kernels *kt = pd_kernels_select(isa);
@@ -24,12 +33,18 @@ int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, 
         kt->matmul[type](k, w, w_stride, nrows, x, (size_t)k * sizeof(float), ncols, y, nrows);
         return PD_OK;
     }
-    if (act != PD_ACT_Q8 || k % PD_QK) return PD_EINVAL;
-    const size_t xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
-    pd_q8 *xq = malloc(xs * ncols);
+    /* 8-bit activations: quantize each column once, in the format the weight type pairs with */
+    size_t xs;
+    if (act == PD_ACT_Q8 && k % PD_QK == 0) xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
+    else if (act == PD_ACT_Q8K && k % PD_QKK == 0 && kt->quantize_q8k)
+        xs = (size_t)(k / PD_QKK) * sizeof(pd_q8k);
+    else return PD_EINVAL;
+    char *xq = malloc(xs * ncols);
     if (!xq) return PD_ENOMEM;
-    for (int c = 0; c < ncols; c++)
-        kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)((char *)xq + c * xs), k);
+    for (int c = 0; c < ncols; c++) {
+        if (act == PD_ACT_Q8) kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)(xq + c * xs), k);
+        else kt->quantize_q8k(x + (size_t)c * k, (pd_q8k *)(xq + c * xs), k);
+    }
     kt->matmul[type](k, w, w_stride, nrows, xq, xs, ncols, y, nrows);
     free(xq);
     return PD_OK;

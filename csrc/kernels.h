@@ -1,7 +1,8 @@
 /* Internal kernel interface: block formats, activation formats and the per-ISA dispatch table.
  *
  * The pattern every weight format follows (as fast CPU runtimes do it): the activation vector is
- * quantized ONCE per mat-vec into 8-bit blocks (pd_q8: 32 int8 + scale + scaled sum), and each
+ * quantized ONCE per mat-vec into 8-bit blocks (pd_q8: 32 int8 + scale + scaled sum; pd_q8k for
+ * the K-quants: 256 int8 + scale + 16 partial sums), and each
  * weight block is combined with it by an integer dot product, then one float multiply-add per
  * block. A weight row is never dequantized to floats in memory on the hot path.
  * F32/F16/BF16 weights take float activations instead.
@@ -33,6 +34,9 @@ typedef struct { float d; float s; int8_t qs[PD_QK]; } pd_q8;
  * minimum term of Q2_K/Q4_K/Q5_K (w = d*sc*q - dmin*m per 16 or 32 values) and the offsets of
  * Q3_K/Q6_K need no extra pass: sum(w*x) = d*dx*sum(sc*sum(q*qs)) - dmin*dx*sum(m*bsums). */
 typedef struct { float d; int8_t qs[PD_QKK]; int16_t bsums[PD_QKK / 16]; } pd_q8k;
+/* Both quantizers: d = amax/127 (float32, >= 0), q = round-half-away(x * (1/d)) (|q| <= 127),
+ * the rule of gguf's Q8_0 quantizer. (ggml's own quantize_row_q8_K divides by the signed max
+ * and rounds half to even; same precision, but one rule for both formats is simpler to test.) */
 
 /* GGML block layouts (byte-exact with the GGUF file). f16 stored as uint16_t bits. */
 typedef struct { uint16_t d; uint8_t qs[16]; } pd_block_q4_0;               /* w = d*(q-8) */
@@ -42,6 +46,99 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_0;   /
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; /* w = d*q + m */
 /* nibble layout of q4_0/q4_1: value j (j<16) is qs[j] & 0xF, value j+16 is qs[j] >> 4;
  * q5_0/q5_1 add a fifth bit: bit j of the little-endian 32-bit word qh is bit 4 of value j. */
+
+/* K-quants: super-blocks of 256 values split into 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 8
+ * of 32 (Q4_K, Q5_K); each sub-block has a small integer scale (and for Q2_K/Q4_K/Q5_K a
+ * minimum) that one f16 per super-block scales. In all five, value i of the super-block is
+ *     w_i = d * sc[s] * q_i - dmin * m[s]           (s = the sub-block of i; no m: Q3_K, Q6_K)
+ * with integer q_i, sc, m, so a dot with pd_q8k activations (x_i = dx * a_i) is
+ *     dx * (d * sum_s sc[s] * sum_{i in s} q_i a_i  -  dmin * sum_s m[s] * sum_{i in s} a_i),
+ * all integer inside the parentheses; the inner sums of a_i are pd_q8k's bsums.
+ * Layouts as GGML's block_q*_K. "Chunk" t below = values 32t..32t+31 (t < 8). */
+
+/* Q2_K: q 2 bits (0..3), 16 sub-blocks of 16; scales[s] = sc (low nibble) | m << 4.
+ * q of value i = 128h + 32g + l (h < 2, g < 4, l < 32) is (qs[32h + l] >> 2g) & 3. */
+typedef struct {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d, dmin;
+} pd_block_q2_k;                                                            /* 84 bytes */
+
+/* Q3_K: q 3 bits, stored offset: q = low2 + 4*hbit - 4 (-4..3); sc 6 bits, stored + 32
+ * (sc = raw - 32: -32..31); 16 sub-blocks of 16; no minimum.
+ * low2 of value i = 128h + 32g + l as in Q2_K; hbit is bit (i / 32) of hmask[i % 32].
+ * Raw scale s: low 4 bits in scales[s % 8] (low nibble if s < 8, else high), high 2 bits in
+ * scales[8 + s % 4] at bits 2*(s / 4). */
+typedef struct {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d;
+} pd_block_q3_k;                                                            /* 110 bytes */
+
+/* Q4_K: q 4 bits (0..15), 8 sub-blocks of 32 with 6-bit sc and m (pd_unpack_scales_k4).
+ * Chunk pair p (values 64p..64p+63): qs[32p + l] & 0xF is value 64p + l (sub-block 2p),
+ * qs[32p + l] >> 4 is value 64p + 32 + l (sub-block 2p + 1). */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+} pd_block_q4_k;                                                            /* 144 bytes */
+
+/* Q5_K: Q4_K plus a fifth bit: bit 4 of value i is bit (i / 32) of qh[i % 32] (q: 0..31). */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} pd_block_q5_k;                                                            /* 176 bytes */
+
+/* Q6_K: q 6 bits, stored + 32 (q = raw - 32: -32..31); sc int8; 16 sub-blocks of 16.
+ * Value i = 128h + 32g + l: low 4 bits are ql[64h + l + 32*(g & 1)], low nibble if g < 2
+ * else high; high 2 bits are (qh[32h + l] >> 2g) & 3. */
+typedef struct {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+} pd_block_q6_k;                                                            /* 210 bytes */
+
+/* The 12 scale bytes of Q4_K/Q5_K -> 8 sc and 8 m of 6 bits: sub-blocks 0..3 keep theirs in
+ * the low 6 bits of bytes 0..3 (sc) and 4..7 (m); sub-blocks 4..7 have their low 4 bits in the
+ * nibbles of bytes 8..11 (sc low, m high) and their top 2 bits in the top bits of bytes 0..7.
+ * Done on 32-bit words, 4 sub-blocks at a time. out[0..7] = sc, out[8..15] = m. */
+static inline void pd_unpack_scales_k4(const uint8_t *s, uint8_t out[16]) {
+    uint32_t a0, a1, a2, o[4];
+    __builtin_memcpy(&a0, s, 4); __builtin_memcpy(&a1, s + 4, 4); __builtin_memcpy(&a2, s + 8, 4);
+    o[0] = a0 & 0x3f3f3f3fu;                                               /* sc 0..3 */
+    o[1] = (a2 & 0x0f0f0f0fu) | ((a0 >> 6) & 0x03030303u) << 4;           /* sc 4..7 */
+    o[2] = a1 & 0x3f3f3f3fu;                                               /* m 0..3 */
+    o[3] = ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 6) & 0x03030303u) << 4;    /* m 4..7 */
+    __builtin_memcpy(out, o, 16);
+}
+
+/* The 12 scale bytes of Q3_K -> 16 signed scales (raw - 32), 4 at a time on 32-bit words. */
+static inline void pd_unpack_scales_q3k(const uint8_t *s, int8_t out[16]) {
+    uint32_t a0, a1, a2, o[4];
+    __builtin_memcpy(&a0, s, 4); __builtin_memcpy(&a1, s + 4, 4); __builtin_memcpy(&a2, s + 8, 4);
+    o[0] = (a0 & 0x0f0f0f0fu) | (a2 & 0x03030303u) << 4;                   /* 0..3 */
+    o[1] = (a1 & 0x0f0f0f0fu) | ((a2 >> 2) & 0x03030303u) << 4;            /* 4..7 */
+    o[2] = ((a0 >> 4) & 0x0f0f0f0fu) | ((a2 >> 4) & 0x03030303u) << 4;     /* 8..11 */
+    o[3] = ((a1 >> 4) & 0x0f0f0f0fu) | ((a2 >> 6) & 0x03030303u) << 4;     /* 12..15 */
+    __builtin_memcpy(out, o, 16);
+    for (int j = 0; j < 16; j++) out[j] = (int8_t)(out[j] - 32);
+}
+
+/* One K-quant super-block in the common form above: w_i = (d * sc[i/16]) * q[i] - dmin *
+ * m[i/16] (Q4_K/Q5_K repeat each 32-value sub-block's sc/m for both halves; dmin = 0 and
+ * m = 0 for Q3_K/Q6_K). Used by the scalar kernels and pd_dequantize_row. type: PD_Q2_K..PD_Q6_K. */
+typedef struct { float d, dmin; int8_t q[256]; int16_t sc[16], m[16]; } pd_kblock;
+void pd_unpack_kblock(int type, const void *blk, pd_kblock *out);
+
+_Static_assert(sizeof(pd_q8k) == 292 && sizeof(pd_block_q2_k) == 84 &&
+               sizeof(pd_block_q3_k) == 110 && sizeof(pd_block_q4_k) == 144 &&
+               sizeof(pd_block_q5_k) == 176 && sizeof(pd_block_q6_k) == 210,
+               "K-quant structs must match GGML's byte layout");
 
 /* Y[c*y_stride + r] = dot(row r of W, column c of X) for r < nrows, c < ncols.
  * Row r of W starts at (const char*)w + r*w_stride and holds k values of the weight type.

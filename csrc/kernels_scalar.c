@@ -22,6 +22,23 @@ static void quantize_q8(const float *x, pd_q8 *y, int k) {
     }
 }
 
+/* The same rule per 256 values (pd_q8k), plus the sum of each 16 consecutive q (bsums). */
+static void quantize_q8k(const float *x, pd_q8k *y, int k) {
+    for (int b = 0; b < k / PD_QKK; b++, x += PD_QKK) {
+        float amax = 0.0f;
+        for (int j = 0; j < PD_QKK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        /* |x*id| <= 127 * (1 + a few ulp): rounds to at most 127, no clamp needed */
+        for (int j = 0; j < PD_QKK; j++) y[b].qs[j] = (int8_t)(int)roundf(x[j] * id);
+        for (int s = 0; s < PD_QKK / 16; s++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += y[b].qs[16 * s + j];
+            y[b].bsums[s] = (int16_t)sum;
+        }
+        y[b].d = d;
+    }
+}
+
 /* One weight block . one activation block, as a float. Each is: exact integer dot of the
  * quants, times dw*dx, plus (for the formats with a minimum m) m*s, s = dx*sum(qx).
  * The quants are unpacked to 32 int8 first: simple loops the compiler vectorizes. */
@@ -105,6 +122,48 @@ Q8ACT_MATMUL(matmul_q4_1, blk_q4_1, pd_block_q4_1)
 Q8ACT_MATMUL(matmul_q5_0, blk_q5_0, pd_block_q5_0)
 Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
 
+/* K-quants x pd_q8k: each weight super-block is unpacked once to the common form of kernels.h
+ * (pd_kblock: int8 q, per-16 sc and m) and then serves every column. Per super-block:
+ *   isum = sum_s sc[s] * (q . a over sub-block s), msum = sum_s m[s] * bsums[s]   (exact int;
+ *   |isum| < 2^27 for every format), then one float expression dx * (d*isum - dmin*msum). */
+static inline float kdot(const pd_kblock *w, const pd_q8k *x) {
+    int isum = 0, msum = 0;
+    for (int s = 0; s < 16; s++) {
+        int dot = 0;
+        for (int j = 16 * s; j < 16 * s + 16; j++) dot += w->q[j] * x->qs[j];
+        isum += w->sc[s] * dot;
+        msum += w->m[s] * x->bsums[s];
+    }
+    return x->d * (w->d * (float)isum - w->dmin * (float)msum);
+}
+
+static inline void matmul_q8kact(int type, size_t bbytes, int k, const void *w, size_t ws,
+                                 int nrows, const void *x, size_t xs, int ncols, float *y,
+                                 size_t ys) {
+    const int nb = k / PD_QKK;
+    pd_kblock kb;
+    for (int r = 0; r < nrows; r++) {
+        const char *wr = (const char *)w + r * ws;
+        for (int c = 0; c < ncols; c++) y[c * ys + r] = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            pd_unpack_kblock(type, wr + b * bbytes, &kb);
+            for (int c = 0; c < ncols; c++)
+                y[c * ys + r] += kdot(&kb, (const pd_q8k *)((const char *)x + c * xs) + b);
+        }
+    }
+}
+
+#define Q8KACT_MATMUL(name, type, block_t)                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
+                     int ncols, float *y, size_t ys) {                                        \
+        matmul_q8kact(type, sizeof(block_t), k, w, ws, nrows, x, xs, ncols, y, ys);          \
+    }
+Q8KACT_MATMUL(matmul_q2_k, PD_Q2_K, pd_block_q2_k)
+Q8KACT_MATMUL(matmul_q3_k, PD_Q3_K, pd_block_q3_k)
+Q8KACT_MATMUL(matmul_q4_k, PD_Q4_K, pd_block_q4_k)
+Q8KACT_MATMUL(matmul_q5_k, PD_Q5_K, pd_block_q5_k)
+Q8KACT_MATMUL(matmul_q6_k, PD_Q6_K, pd_block_q6_k)
+
 /* Float-activation formats: weight value i of a row, as float. */
 static inline float wf_f32(const void *w, int i) { return ((const float *)w)[i]; }
 static inline float wf_f16(const void *w, int i) {
@@ -166,10 +225,13 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
 const pd_kernels pd_kernels_scalar = {
     .name = "scalar",
     .quantize_q8 = quantize_q8,
+    .quantize_q8k = quantize_q8k,
     .matmul = {
         [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
         [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
         [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
+        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
+        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },
     .dot_f32 = dot_f32, .dot_f16 = dot_f16,
     .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,

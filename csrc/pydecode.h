@@ -75,6 +75,15 @@ int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, 
                      const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */
 int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);
 int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);
+int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k);
+const char *pd_type_name(int type);   /* GGML's name of a type id, "unknown" otherwise */
 int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
+
+/* Sampling primitives (sampling.c): policy stays in Python, these keep a step's cost small. */
+float pd_max_f32(const float *x, int n);
+double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift);
+int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals);
+int pd_draw_tail(const float *x, int n, float scale, float shift, const int32_t *skip, int n_skip,
+                 double target);
 #endif

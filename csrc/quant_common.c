@@ -6,26 +6,44 @@
  * bit-exact: never let the compiler fuse it into an fma (GNU C contracts by default). */
 #pragma GCC optimize("fp-contract=off")
 
-typedef struct { int block; size_t bytes; int act; const char *name; } type_traits;
+typedef struct { int block; size_t bytes; int act; } type_traits;
 
 static type_traits traits(int type) {
     switch (type) {
-    case PD_F32:  return (type_traits){1, 4, PD_ACT_F32, "F32"};
-    case PD_F16:  return (type_traits){1, 2, PD_ACT_F32, "F16"};
-    case PD_BF16: return (type_traits){1, 2, PD_ACT_F32, "BF16"};
-    case PD_Q4_0: return (type_traits){32, sizeof(pd_block_q4_0), PD_ACT_Q8, "Q4_0"};
-    case PD_Q4_1: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8, "Q4_1"};
-    case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8, "Q5_0"};
-    case PD_Q5_1: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8, "Q5_1"};
-    case PD_Q8_0: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8, "Q8_0"};
-    default:      return (type_traits){0, 0, PD_ACT_NONE, "unknown"};
+    case PD_F32:  return (type_traits){1, 4, PD_ACT_F32};
+    case PD_F16:  return (type_traits){1, 2, PD_ACT_F32};
+    case PD_BF16: return (type_traits){1, 2, PD_ACT_F32};
+    case PD_Q4_0: return (type_traits){32, sizeof(pd_block_q4_0), PD_ACT_Q8};
+    case PD_Q4_1: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};
+    case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
+    case PD_Q5_1: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
+    case PD_Q8_0: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
+    case PD_Q2_K: return (type_traits){256, sizeof(pd_block_q2_k), PD_ACT_Q8K};
+    case PD_Q3_K: return (type_traits){256, sizeof(pd_block_q3_k), PD_ACT_Q8K};
+    case PD_Q4_K: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
+    case PD_Q5_K: return (type_traits){256, sizeof(pd_block_q5_k), PD_ACT_Q8K};
+    case PD_Q6_K: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
+    default:      return (type_traits){0, 0, PD_ACT_NONE};
     }
 }
+
+/* GGML's names (as the gguf package spells them) of every type id, for messages such as
+ * "tensor X has unsupported type IQ4_XS"; ids GGML has retired keep their old names. */
+static const char *const type_names[] = {
+    "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+    "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
+    "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8",
+    "IQ4_NL_8_8", "MXFP4", "NVFP4", "Q1_0", "Q2_0",
+};
 
 int pd_type_block_size(int type) { return traits(type).block; }
 size_t pd_type_block_bytes(int type) { return traits(type).bytes; }
 int pd_type_act_format(int type) { return traits(type).act; }
-const char *pd_type_name(int type) { return traits(type).name; }
+const char *pd_type_name(int type) {
+    const int n = (int)(sizeof type_names / sizeof type_names[0]);
+    return type >= 0 && type < n ? type_names[type] : "unknown";
+}
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -52,12 +70,101 @@ uint16_t pd_f32_to_f16(float f) {
     return (uint16_t)(sign | (u >> 13));
 }
 
+/* Layouts: see the block structs in kernels.h. Value i = 128h + 32g + l (h < 2, g < 4, l < 32)
+ * where a format splits the super-block in halves of 128 and chunks of 32. The loops follow
+ * that nesting (no division in the inner loop) so the compiler vectorizes them: this is the
+ * hot loop of the scalar kernels. */
+void pd_unpack_kblock(int type, const void *blk, pd_kblock *o) {
+    o->dmin = 0.0f;
+    memset(o->m, 0, sizeof o->m);
+    switch (type) {
+    case PD_Q2_K: {
+        const pd_block_q2_k *b = blk;
+        o->d = pd_f16_to_f32_inline(b->d);
+        o->dmin = pd_f16_to_f32_inline(b->dmin);
+        for (int s = 0; s < 16; s++) { o->sc[s] = b->scales[s] & 0xf; o->m[s] = b->scales[s] >> 4; }
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++)
+                for (int l = 0; l < 32; l++)
+                    o->q[128 * h + 32 * g + l] = (int8_t)((b->qs[32 * h + l] >> 2 * g) & 3);
+        break;
+    }
+    case PD_Q3_K: {
+        const pd_block_q3_k *b = blk;
+        int8_t sc[16];
+        o->d = pd_f16_to_f32_inline(b->d);
+        pd_unpack_scales_q3k(b->scales, sc);
+        for (int s = 0; s < 16; s++) o->sc[s] = sc[s];
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++)
+                for (int l = 0; l < 32; l++) {
+                    const int low = (b->qs[32 * h + l] >> 2 * g) & 3;
+                    const int hbit = (b->hmask[l] >> (4 * h + g)) & 1;
+                    o->q[128 * h + 32 * g + l] = (int8_t)(low + 4 * hbit - 4);
+                }
+        break;
+    }
+    case PD_Q4_K: case PD_Q5_K: {
+        /* Same header and nibble layout; Q5_K adds qh between the scales and the nibbles. */
+        const pd_block_q4_k *b4 = blk;
+        const pd_block_q5_k *b5 = blk;
+        const uint8_t *qs = type == PD_Q4_K ? b4->qs : b5->qs;
+        static const uint8_t no_qh[32];
+        const uint8_t *qh = type == PD_Q5_K ? b5->qh : no_qh;
+        uint8_t scm[16];
+        o->d = pd_f16_to_f32_inline(b4->d);
+        o->dmin = pd_f16_to_f32_inline(b4->dmin);
+        pd_unpack_scales_k4(b4->scales, scm);
+        for (int s = 0; s < 16; s++) { o->sc[s] = scm[s / 2]; o->m[s] = scm[8 + s / 2]; }
+        for (int p = 0; p < 4; p++)        /* chunk pair p: low nibbles, then high nibbles */
+            for (int l = 0; l < 32; l++) {
+                o->q[64 * p + l] = (int8_t)((qs[32 * p + l] & 0xf) | ((qh[l] >> 2 * p) & 1) << 4);
+                o->q[64 * p + 32 + l] = (int8_t)((qs[32 * p + l] >> 4) |
+                                                 ((qh[l] >> (2 * p + 1)) & 1) << 4);
+            }
+        break;
+    }
+    case PD_Q6_K: {
+        const pd_block_q6_k *b = blk;
+        o->d = pd_f16_to_f32_inline(b->d);
+        for (int s = 0; s < 16; s++) o->sc[s] = b->scales[s];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+            int8_t *q = o->q + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                q[l] = (int8_t)(((ql[l] & 0xf) | (qh[l] & 3) << 4) - 32);
+                q[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | ((qh[l] >> 2) & 3) << 4) - 32);
+                q[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+                q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+            }
+        }
+        break;
+    }
+    default:
+        memset(o, 0, sizeof *o);
+    }
+}
+
 /* q4/q5 nibble layout: value j (j<16) is qs[j] & 0xF, value j+16 is qs[j] >> 4;
  * q5's fifth bit of value j is bit j of the little-endian qh word. */
 int pd_dequantize_row(int type, const void *w, float *y, int k) {
     type_traits t = traits(type);
     if (t.block == 0 || k < 0 || k % t.block) return -1;
     const int nb = k / PD_QK;
+    if (t.act == PD_ACT_Q8K) {
+        /* (d*sc)*q - dmin*m, each product rounded to float32 in this order, as gguf/ggml do */
+        const int has_min = type == PD_Q2_K || type == PD_Q4_K || type == PD_Q5_K;
+        pd_kblock kb;
+        for (int b = 0; b < k / PD_QKK; b++) {
+            pd_unpack_kblock(type, (const char *)w + b * t.bytes, &kb);
+            for (int i = 0; i < PD_QKK; i++) {
+                const float dl = kb.d * (float)kb.sc[i / 16];
+                y[b * PD_QKK + i] = has_min ? dl * (float)kb.q[i] - kb.dmin * (float)kb.m[i / 16]
+                                            : dl * (float)kb.q[i];
+            }
+        }
+        return 0;
+    }
     switch (type) {
     case PD_F32: memcpy(y, w, (size_t)k * 4); return 0;
     case PD_F16:

@@ -20,6 +20,7 @@ COMMON_SOURCES = [
     "csrc/kernels_scalar.c",
     "csrc/dispatch.c",
     "csrc/kernel_api.c",
+    "csrc/sampling.c",
 ]
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 

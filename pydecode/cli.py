@@ -1,8 +1,13 @@
 """The command line: parse, call the API, print. `pydecode --help` lists the commands."""
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
 from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict
 
 import click
 
@@ -18,9 +23,24 @@ def _load(model: str, n_ctx, threads, isa):
     return load(model, n_ctx=n_ctx, n_threads=threads, isa=isa)
 
 
-def _fail(e: Exception):
-    click.echo(f"error: {e}", err=True)
-    sys.exit(1)
+# API parameter names -> the flags that set them, so that an error names what the user typed.
+_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+          "repeat_penalty": "--repeat-penalty", "frequency_penalty": "--frequency-penalty",
+          "presence_penalty": "--presence-penalty", "repeat_last_n": "--repeat-last-n", "seed": "--seed",
+          "max_tokens": "-n/--max-tokens", "n_ctx": "-c/--ctx", "n_threads": "-t/--threads", "stop": "--stop"}
+
+
+def _message(e: Exception) -> str:
+    msg = str(e)
+    for name, flag in _FLAGS.items():
+        if msg.startswith(name + " "):
+            return f"{flag}: {msg}"
+    return msg
+
+
+def _fail(e: Exception, code: int = 1):
+    click.echo(f"error: {_message(e)}", err=True)
+    sys.exit(code)
 
 
 @click.group()
@@ -36,102 +56,379 @@ _ctx_opt = click.option("-c", "--ctx", "n_ctx", type=int, default=None, help="Co
 _isa_opt = click.option("--isa", default=None, help="Force kernels: scalar, avx2 (default: best for this CPU, or $PYDECODE_ISA).")
 
 
+def _sampling_options(f):
+    """The sampler flags shared by `run` and `chat` (ranges as the API checks them)."""
+    opts = [
+        click.option("--temp", "temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     help="Sampling temperature (0 = greedy)."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Keep the K most likely tokens (0 = off)."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+                     help="Nucleus sampling: keep the smallest set with this much probability (1 = off)."),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                     help="Drop tokens less likely than MIN_P x the most likely one (0 = off)."),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                     show_default=True, help="Penalize tokens seen in the last --repeat-last-n (1 = off)."),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtract this x a token's count in the window (0 = off)."),
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtract this from every token present in the window (0 = off)."),
+        click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
+                     help="The penalty window, in tokens."),
+        click.option("--seed", type=int, default=None, help="Seed for a reproducible draw."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
+             "repeat_last_n", "seed")
+
+
+def _sampling(kw: dict) -> dict:
+    return {k: kw.pop(k) for k in _SAMPLING}
+
+
+@contextmanager
+def _ctrl_c_cancels(stream):
+    """While a stream runs, Ctrl-C asks it to stop (stream.cancel(): it ends at the next step,
+    keeping what it produced); a second Ctrl-C interrupts whatever runs (the stream still ends
+    cleanly, finish_reason "cancelled")."""
+    hits = []
+
+    def on_sigint(signum, frame):
+        hits.append(signum)
+        if len(hits) > 1:
+            raise KeyboardInterrupt
+        stream.cancel()
+
+    try:
+        old = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:                      # not the main thread: leave Ctrl-C alone
+        yield hits
+        return
+    try:
+        yield hits
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _consume(stream, write=None):
+    """Iterates `stream` to its end, passing each piece's text to `write`; returns its Completion.
+    Ctrl-C cancels it (see _ctrl_c_cancels)."""
+    with _ctrl_c_cancels(stream):
+        try:
+            for piece in stream:
+                if write is not None and piece.text:
+                    write(piece.text)
+        except KeyboardInterrupt:           # landed outside the stream's own step: end it ourselves
+            stream.cancel()
+            for piece in stream:
+                if write is not None and piece.text:
+                    write(piece.text)
+    return stream.completion
+
+
+def _stdout_write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:                 # `pydecode run ... | head`: the reader has gone
+        os._exit(0)
+
+
+def _stats_dict(c) -> dict:
+    s = c.stats
+    d = asdict(s)
+    d.update(decode_s=s.decode_s, decode_tokens_per_s=s.decode_tokens_per_s,
+             prefill_tokens_per_s=s.prefill_tokens_per_s)
+    return d
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
 @main.command()
 @_model_opt
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
-@click.option("-n", "--max-tokens", default=128, show_default=True, help="Tokens to generate.")
-@click.option("--temp", "temperature", default=0.0, show_default=True, help="Sampling temperature (0 = greedy).")
-@click.option("--top-k", default=0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--min-p", default=0.0, show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens to generate.")
+@_sampling_options
+@click.option("--stop", multiple=True, help="Stop at this text (not printed). Repeatable.")
+@click.option("--chat", "as_chat", is_flag=True,
+              help="Wrap the prompt in the model's chat template, as a user message.")
+@click.option("-s", "--system", default=None, help="System prompt (implies --chat).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (text, tokens, finish_reason, stop_detail, stats) and nothing else.")
 @_threads_opt
 @_ctx_opt
 @_isa_opt
 @click.option("--stats/--no-stats", default=True, show_default=True, help="Print timing to stderr.")
-def run(model, prompt, max_tokens, temperature, top_k, top_p, min_p, seed, threads, n_ctx, isa, stats):
+def run(model, prompt, max_tokens, stop, as_chat, system, as_json, threads, n_ctx, isa, stats, **kw):
     """Stream the continuation of PROMPT to stdout."""
+    sampling = _sampling(kw)
     try:
         llm = _load(model, n_ctx, threads, isa)
-        gen = llm.stream(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         min_p=min_p, seed=seed)
-        try:
-            for piece in gen:
-                sys.stdout.write(piece.text)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
-        sys.stdout.write("\n")
-        c = llm._last.completion if llm._last else None
-        if stats and c is not None:
-            s = c.stats
-            click.echo(f"[{s.prompt_tokens} prompt tokens: {s.prefill_s * 1000:.1f} ms "
-                       f"({s.prefill_tokens_per_s:.1f} t/s) | {s.generated_tokens} generated: "
-                       f"{s.decode_tokens_per_s:.1f} t/s | ttft {s.ttft_s * 1000:.1f} ms | "
-                       f"{llm.model.n_threads} threads, {llm.model.isa} | finish: {c.finish_reason}]", err=True)
+        if as_chat or system is not None:
+            messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                       [{"role": "user", "content": prompt}]
+            stream = llm.stream_chat(messages, max_tokens, stop=list(stop) or None, **sampling)
+        else:
+            stream = llm.stream(prompt, max_tokens, stop=list(stop) or None, **sampling)
+        c = _consume(stream, None if as_json else _stdout_write)
     except (PydecodeError, ValueError, OSError) as e:
         _fail(e)
+    if as_json:
+        out = {"model": llm.model.path.name, "text": c.text, "tokens": list(c.tokens),
+               "finish_reason": c.finish_reason, "stop_detail": c.stop_detail,
+               "stats": _stats_dict(c), "threads": llm.model.n_threads, "isa": llm.model.isa}
+        _stdout_write(json.dumps(out, ensure_ascii=False) + "\n")
+    else:
+        _stdout_write("\n")
+        if stats:
+            s = c.stats
+            click.echo(f"[{s.prompt_tokens} prompt tokens: {_ms(s.prefill_s)} ({s.prefill_tokens_per_s:.1f} t/s) | "
+                       f"{s.generated_tokens} generated: {s.decode_tokens_per_s:.1f} t/s | ttft {_ms(s.ttft_s)} | "
+                       f"{llm.model.n_threads} threads, {llm.model.isa} | finish: {c.finish_reason}"
+                       f"{f' ({c.stop_detail})' if c.stop_detail else ''}]", err=True)
+    sys.exit(130 if c.finish_reason == "cancelled" else 0)     # 130: stopped by Ctrl-C
+
+
+# ------------------------------------------------------------------------------------- chat
+
+CHAT_HELP = """\
+Commands:
+  /reset           forget the conversation and start fresh (keeps the system prompt)
+  /system TEXT     set the system prompt and start fresh (/system alone removes it)
+  /stats           the last answer's statistics: tokens, speed, time to first token, cache use
+  /help            this help
+  /exit            quit (also /quit, /bye, Ctrl-D, or Ctrl-C twice at the prompt)
+Ctrl-C while the model answers stops the answer. Start with \"\"\" to type several lines; end with \"\"\"."""
+
+
+class ChatSession:
+    """A conversation with an LLM: the message history, kept inside the context window.
+
+    Each turn re-renders the whole history with the chat template; the LLM reuses the K/V of
+    the prefix it already computed, so only the new tokens are prefilled."""
+
+    def __init__(self, llm, *, system: str | None = None, max_tokens: int = 512, sampling: dict | None = None,
+                 notice=None):
+        self.llm, self.max_tokens, self.sampling = llm, max_tokens, dict(sampling or {})
+        self.system = system or None
+        self.notice = notice or (lambda msg: click.echo(msg, err=True))
+        self.history: list[dict] = []
+        self.last = None          # the last answer's Completion
+        self.dropped = 0          # messages dropped to fit the context, since the last reset
+        self.reset()
+
+    def reset(self) -> None:
+        self.history = [{"role": "system", "content": self.system}] if self.system else []
+        self.dropped = 0
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        self.reset()
+
+    def prompt_tokens(self, messages=None) -> int:
+        return len(self.llm.tokenize(self.llm.chat_prompt(self.history if messages is None else messages)))
+
+    def _fit(self) -> None:
+        """Drops the oldest exchanges (never the system prompt) until the history plus room for
+        an answer fits the context. Raises ContextFullError if the new message alone cannot."""
+        from .errors import ContextFullError
+
+        n_ctx = self.llm.n_ctx
+        room = max(1, min(self.max_tokens, n_ctx // 2))
+        first = 1 if self.system else 0
+        n_before = len(self.history)
+        while True:
+            n = self.prompt_tokens()
+            if n + room <= n_ctx:
+                break
+            if len(self.history) - first <= 1:          # only the new message is left
+                if n >= n_ctx:
+                    raise ContextFullError(f"the message takes {n} tokens with the template, but the context "
+                                           f"holds {n_ctx} (see -c/--ctx)")
+                break                                    # it fits; the answer may be cut short
+            # Drop one exchange: the oldest message and whatever follows it up to the next user turn.
+            del self.history[first]
+            while len(self.history) - first > 1 and self.history[first]["role"] != "user":
+                del self.history[first]
+        dropped = n_before - len(self.history)
+        if dropped:
+            self.dropped += dropped
+            self.notice(f"[context full ({n_ctx} tokens): dropped the {dropped} oldest message"
+                        f"{'s' if dropped > 1 else ''}{', kept the system prompt' if self.system else ''}]")
+
+    def ask(self, text: str, write=None):
+        """Adds the user's message, streams the answer through `write`, returns the Completion."""
+        self.history.append({"role": "user", "content": text})
+        try:
+            self._fit()
+            stream = self.llm.stream_chat(self.history, self.max_tokens, **self.sampling)
+        except Exception:
+            self.history.pop()
+            raise
+        c = _consume(stream, write)
+        self.last = c
+        if c.finish_reason == "cancelled" and not c.text.strip():
+            self.history.pop()                           # stopped before it said anything
+        else:
+            self.history.append({"role": "assistant", "content": c.text})
+        return c
+
+    def stats_lines(self) -> list[str]:
+        c = self.last
+        if c is None:
+            return ["no answer yet"]
+        s = c.stats
+        new = s.prompt_tokens - s.cached_tokens
+        lines = [
+            f"answer:      {s.generated_tokens} tokens, {s.decode_tokens_per_s:.1f} tokens/s, "
+            f"finish: {c.finish_reason}" + (f" ({c.stop_detail})" if c.stop_detail else ""),
+            f"first token: {_ms(s.ttft_s)} (TTFT)",
+            f"prompt:      {s.prompt_tokens} tokens: {new} prefilled new, {s.cached_tokens} reused from cache "
+            f"({_ms(s.prefill_s)}, {s.prefill_tokens_per_s:.1f} tokens/s)",
+        ]
+        try:
+            used = self.prompt_tokens()
+            lines.append(f"context:     {len(self.history)} messages, {used} of {self.llm.n_ctx} tokens"
+                         + (f" ({self.dropped} old messages dropped)" if self.dropped else ""))
+        except Exception:
+            pass
+        return lines
+
+
+def _verbose_line(c) -> str:
+    s = c.stats
+    return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_s:.1f} t/s, TTFT {_ms(s.ttft_s)}, "
+            f"prefilled {s.prompt_tokens - s.cached_tokens} new + {s.cached_tokens} cached prompt tokens, "
+            f"finish: {c.finish_reason}]")
+
+
+def _read_input(prompt: str, to_stdout: bool) -> str:
+    if to_stdout:
+        return input(prompt)
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return input()
+
+
+def _repl(session: ChatSession, llm, verbose: bool) -> int:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    tty_out = sys.stdout.isatty()
+    click.echo(f"pydecode chat: {llm.model.path.name} ({llm.model.n_threads} threads, {llm.model.isa}, "
+               f"context {llm.n_ctx}). /help for commands, Ctrl-D to quit.", err=True)
+    ctrl_c = 0
+    while True:
+        try:
+            line = _read_input(">>> ", tty_out)
+            if line.lstrip().startswith('"""'):
+                lines = [line.lstrip()[3:]]
+                while not (lines[-1].rstrip().endswith('"""') and (len(lines) > 1 or lines[0].strip() != "")):
+                    lines.append(_read_input("... ", tty_out))
+                line = "\n".join(lines).rstrip()[:-3]
+        except EOFError:
+            sys.stdout.write("\n")
+            return 0
+        except KeyboardInterrupt:
+            ctrl_c += 1
+            if ctrl_c >= 2:
+                sys.stdout.write("\n")
+                return 0
+            click.echo("\n(Ctrl-C again or Ctrl-D to quit)", err=True)
+            continue
+        ctrl_c = 0
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/") and not text.startswith("//"):
+            cmd, _, arg = text.partition(" ")
+            cmd, arg = cmd.lower(), arg.strip()
+            if cmd in ("/exit", "/quit", "/bye"):
+                return 0
+            if cmd in ("/help", "/?"):
+                click.echo(CHAT_HELP)
+            elif cmd in ("/reset", "/clear"):
+                session.reset()
+                click.echo("[conversation cleared]", err=True)
+            elif cmd == "/system":
+                session.set_system(arg)
+                click.echo("[system prompt set; conversation cleared]" if arg else
+                           "[system prompt removed; conversation cleared]", err=True)
+            elif cmd == "/stats":
+                click.echo("\n".join(session.stats_lines()))
+            else:
+                click.echo(f"unknown command {cmd}; /help lists them", err=True)
+            continue
+        try:
+            c = session.ask(text, _stdout_write)
+        except (PydecodeError, ValueError) as e:
+            click.echo(f"error: {_message(e)}", err=True)
+            continue
+        _stdout_write("\n")
+        if c.finish_reason == "cancelled":
+            click.echo("[stopped]", err=True)
+        elif c.finish_reason == "length":
+            click.echo(f"[answer cut: {c.stop_detail}]", err=True)
+        if verbose:
+            click.echo(_verbose_line(c), err=True)
+        _stdout_write("\n")
 
 
 @main.command()
 @_model_opt
-@click.option("-p", "--prompt", default=None, help="Ask one question and exit (default: interactive).")
+@click.option("-p", "--prompt", default=None,
+              help="Ask one question, print the answer and exit. Without it: interactive, or, when "
+                   "stdin is not a terminal, all of stdin is the question.")
 @click.option("-s", "--system", default=None, help="System prompt.")
-@click.option("-n", "--max-tokens", default=512, show_default=True, help="Max tokens per reply.")
-@click.option("--temp", "temperature", default=0.0, show_default=True, help="Sampling temperature (0 = greedy).")
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Max tokens per answer.")
+@_sampling_options
+@click.option("-v", "--verbose", is_flag=True, help="Print tokens/s and time to first token after each answer.")
 @_threads_opt
 @_ctx_opt
 @_isa_opt
-def chat(model, prompt, system, max_tokens, temperature, top_p, seed, threads, n_ctx, isa):
-    """Chat with MODEL in the terminal (Ctrl-D or /exit to quit, Ctrl-C stops a reply)."""
+def chat(model, prompt, system, max_tokens, verbose, threads, n_ctx, isa, **kw):
+    """Chat with MODEL in the terminal.
+
+    Interactive when stdin is a terminal: /help lists the commands, Ctrl-C stops an answer,
+    Ctrl-D (or Ctrl-C twice at the prompt) quits. `echo question | pydecode chat` answers once."""
+    sampling = _sampling(kw)
+    interactive = prompt is None and sys.stdin.isatty()
+    if prompt is None and not interactive:
+        prompt = sys.stdin.read()
+        if not prompt.strip():
+            _fail(ValueError("nothing to answer: stdin was empty (use -p TEXT, or run in a terminal)"))
     try:
         llm = _load(model, n_ctx, threads, isa)
+        _check_sampling(sampling)
+        session = ChatSession(llm, system=system, max_tokens=max_tokens, sampling=sampling)
     except (PydecodeError, ValueError, OSError) as e:
         _fail(e)
-    history = [{"role": "system", "content": system}] if system else []
-    interactive = prompt is None
     if interactive:
-        click.echo(f"pydecode chat: {llm.model.path.name} ({llm.model.n_threads} threads, {llm.model.isa}). "
-                   "Ctrl-D or /exit to quit.", err=True)
-    while True:
-        if interactive:
-            try:
-                user = input("> ")
-            except EOFError:
-                click.echo("", err=True)
-                break
-            if user.strip() in ("/exit", "/quit"):
-                break
-            if not user.strip():
-                continue
-        else:
-            user = prompt
-        history.append({"role": "user", "content": user})
-        # Keep the conversation inside the context: drop the oldest turns (never the system prompt).
-        while len(llm.tokenize(llm.chat_prompt(history))) + max_tokens > llm.n_ctx and len(history) > 1 + bool(system):
-            del history[int(bool(system))]
-            click.echo("[context full: dropped the oldest turn]", err=True)
-        reply = []
-        try:
-            for piece in llm.stream_chat(history, max_tokens, temperature=temperature, top_p=top_p, seed=seed):
-                reply.append(piece.text)
-                sys.stdout.write(piece.text)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            click.echo(" [stopped]", err=True)
-        except (PydecodeError, ValueError) as e:
-            _fail(e)
-        sys.stdout.write("\n")
-        history.append({"role": "assistant", "content": "".join(reply)})
-        c = llm._last.completion if llm._last else None
-        if c is not None:
-            s = c.stats
-            click.echo(f"[{s.generated_tokens} tokens, {s.decode_tokens_per_s:.1f} t/s, "
-                       f"prefilled {s.prompt_tokens - s.cached_tokens} new of {s.prompt_tokens} prompt tokens]", err=True)
-        if not interactive:
-            break
+        sys.exit(_repl(session, llm, verbose))
+    try:
+        c = session.ask(prompt.strip(), _stdout_write)
+    except (PydecodeError, ValueError) as e:
+        _fail(e)
+    _stdout_write("\n")
+    if verbose:
+        click.echo(_verbose_line(c), err=True)
+    sys.exit(130 if c.finish_reason == "cancelled" else 0)
+
+
+def _check_sampling(sampling: dict) -> None:
+    """Fails early (before the first question) on sampler values the API rejects."""
+    from .sampling import SamplingParams
+
+    SamplingParams(**sampling)
 
 
 @main.command()

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
 
 from .chat import render
-from .generation import Completion, Generation, Piece
+from .generation import Completion, Generation
 from .model import Model
 from .registry import resolve
 from .sampling import SamplingParams
@@ -35,23 +34,45 @@ class LLM:
     def _cached(self) -> list[int]:
         return self._last.kv_tokens if self._last is not None else []
 
-    def _generation(self, prompt, max_tokens, temperature, top_k, top_p, min_p, seed) -> Generation:
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Generation:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        gen = Generation(self.model, ids, self._cached(), max_tokens, params)
+        params = SamplingParams(**sampling)
+        gen = Generation(self.model, ids, self._cached(), max_tokens, params, stop=stop, logprobs=logprobs)
+        if self._last is not None and self._last.completion is None:
+            self._last.close()   # an abandoned stream: its cache bookkeeping is final as it stands
         self._last = gen
         return gen
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> Iterator[Piece]:
-        """Yields Pieces (token, text) as they are generated. May be abandoned midway."""
-        gen = self._generation(prompt, max_tokens, temperature, top_k, top_p, min_p, seed)
-        yield from gen
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
+               seed: int | None = None, stop: str | list[str] | None = None,
+               logprobs: int | None = None) -> Generation:
+        """Starts a generation and returns it as an iterator of Pieces (token, text). It can be
+        abandoned midway or ended with .cancel(); .completion holds the result once it has ended.
+        Parameters as in generate()."""
+        return self._generation(prompt, max_tokens, stop, logprobs, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            repeat_last_n=repeat_last_n, seed=seed))
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> Completion:
-        """Generates a continuation of `prompt` (text or token ids). temperature=0 is greedy."""
-        gen = self._generation(prompt, max_tokens, temperature, top_k, top_p, min_p, seed)
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
+                 seed: int | None = None, stop: str | list[str] | None = None,
+                 logprobs: int | None = None) -> Completion:
+        """Generates a continuation of `prompt` (text or token ids).
+
+        temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
+        presence_penalty over the last repeat_last_n tokens) -> temperature -> top_k -> top_p ->
+        min_p -> a draw seeded by `seed`. Generation stops at an end-of-generation token, at
+        max_tokens, at a full context, or at any of the `stop` strings (not included in the text).
+        logprobs=N records each chosen token's log-probability and the N most likely tokens.
+        """
+        gen = self.stream(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                          presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
+                          logprobs=logprobs)
         for _ in gen:
             pass
         assert gen.completion is not None
@@ -71,7 +92,7 @@ class LLM:
         prefills only its new tokens (see .stats.cached_tokens)."""
         return self.generate(self._chat_ids(messages), max_tokens, **sampling)
 
-    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Iterator[Piece]:
+    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Generation:
         """Like chat, streamed."""
         return self.stream(self._chat_ids(messages), max_tokens, **sampling)
 

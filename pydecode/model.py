@@ -54,7 +54,7 @@ class Model:
         self.gguf = GGUFFile(path)
         self.config: ArchConfig = arch_config(self.gguf)
         try:
-            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, cache_path=str(path) + ".spm.model")
         except TokenizerError as e:
             raise ModelError(f"{path}: {e}") from None
         if n_ctx is None:

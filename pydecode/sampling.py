@@ -1,7 +1,14 @@
-"""sample: logits -> next token id. Policy lives in Python; numpy keeps it vectorized.
+"""sample: one step's logits -> the next token id. Policy lives here, in Python.
 
-Chain, in this order: temperature -> top-k -> top-p -> min-p -> seeded draw.
-temperature == 0 is greedy (a plain argmax).
+The chain, in this order (llama.cpp's order):
+    penalties (repeat / frequency / presence over the last `repeat_last_n` tokens)
+    -> temperature -> top-k -> top-p -> min-p -> a seeded draw.
+temperature == 0 is greedy: a plain argmax (after penalties, if any).
+
+Cost on a 262k-token vocabulary stays around 0.2 ms a step because nothing vocabulary-wide is
+sorted: a one-pass top-k in C (pd_top_k) picks the candidates and a SIMD exp-sum (pd_sum_exp)
+gives the full-vocabulary normalizer when no top-k bounds the distribution. The candidate list
+only grows when top-p or min-p needs more than it holds, so results are exact, not approximate.
 """
 from __future__ import annotations
 
@@ -10,47 +17,144 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _core
+
+ffi, lib = _core.ffi, _core.lib
+
+CANDIDATES = 256   # first candidate list when no top-k bounds it; grows x8 when needed
+
+
+def _number(name, v, lo, hi, lo_open=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """Sampling settings, validated on construction (names as in llama-cpp-python)."""
+
     temperature: float = 0.0
-    top_k: int = 0          # 0 = off
-    top_p: float = 1.0      # 1 = off
-    min_p: float = 0.0      # 0 = off
+    top_k: int = 0                 # 0 = off
+    top_p: float = 1.0             # 1 = off
+    min_p: float = 0.0             # 0 = off
+    repeat_penalty: float = 1.0    # 1 = off; >1 discourages tokens seen in the window
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64        # the penalty window, in tokens (prompt included)
     seed: int | None = None
 
     def __post_init__(self):
-        t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or math.isnan(t) or t < 0 or math.isinf(t):
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        _number("temperature", self.temperature, 0.0, 1e6)
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or math.isnan(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        _number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("repeat_penalty", self.repeat_penalty, 0.0, 1e6, lo_open=True)
+        _number("frequency_penalty", self.frequency_penalty, -1e6, 1e6)
+        _number("presence_penalty", self.presence_penalty, -1e6, 1e6)
+        if not isinstance(self.repeat_last_n, int) or isinstance(self.repeat_last_n, bool) or self.repeat_last_n < 0:
+            raise ValueError(f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
 
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                           or self.presence_penalty != 0.0)
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Chooses the next token from one step's logits."""
-    if params.temperature == 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / params.temperature
-    ids = np.arange(len(z))
-    if 0 < params.top_k < len(z):
-        keep = np.argpartition(z, -params.top_k)[-params.top_k:]
-        ids, z = keep, z[keep]
-    order = np.argsort(-z, kind="stable")
-    ids, z = ids[order], z[order]
-    p = np.exp(z - z[0])
-    p /= p.sum()
-    if params.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
-        ids, p = ids[:cut], p[:cut]
-    if params.min_p > 0:
-        keep = p >= params.min_p * p[0]
-        ids, p = ids[keep], p[keep]
-    p = p / p.sum()
-    return int(ids[rng.choice(len(p), p=p)])
+
+def apply_penalties(logits: np.ndarray, recent, p: SamplingParams) -> np.ndarray:
+    """A copy of logits with the tokens of the last repeat_last_n ids penalized (others untouched)."""
+    window = np.asarray(recent[-p.repeat_last_n:], dtype=np.int64)
+    if not window.size:
+        return logits
+    ids, counts = np.unique(window, return_counts=True)
+    ids, counts = ids[ids < len(logits)], counts[ids < len(logits)]
+    out = logits.copy()
+    v = out[ids]
+    v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+    out[ids] = v - counts * p.frequency_penalty - p.presence_penalty
+    return out
+
+
+class Sampler:
+    """Holds a step's reusable buffers and the seeded generator; `sample` is the step."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int):
+        self.params, self.n_vocab = params, n_vocab
+        self.rng = np.random.default_rng(params.seed)
+        self._ids = np.empty(0, np.int32)
+        self._vals = np.empty(0, np.float32)
+
+    def _top(self, x: np.ndarray, k: int):
+        k = min(k, len(x))
+        if len(self._ids) < k:
+            self._ids, self._vals = np.empty(k, np.int32), np.empty(k, np.float32)
+        n = lib.pd_top_k(ffi.cast("float *", x.ctypes.data), len(x), k,
+                         ffi.cast("int32_t *", self._ids.ctypes.data), ffi.cast("float *", self._vals.ctypes.data))
+        return self._ids[:n], self._vals[:n]
+
+    def sample(self, logits: np.ndarray, recent=()) -> int:
+        return sample(logits, self.params, self, recent)
+
+
+def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=()) -> int:
+    """Chooses the next token from one step's logits (see the module docstring for the chain)."""
+    p = params
+    x = apply_penalties(logits, recent, p) if p.penalized and len(recent) else logits
+    if p.temperature == 0:
+        return int(np.argmax(x))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    inv_t = 1.0 / p.temperature
+    n = len(x)
+    bounded = 0 < p.top_k < n
+    k = p.top_k if bounded else min(CANDIDATES, n)
+    while True:
+        ids, vals = sampler._top(x, k)
+        shift = float(vals[0])
+        w = np.exp((vals.astype(np.float64) - shift) * inv_t)   # unnormalized candidate weights
+        # The mass the candidates stand against: themselves after top-k, else the whole vocabulary.
+        z = w.sum() if bounded or len(ids) == n else lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data),
+                                                                    n, inv_t, shift)
+        z = max(z, w.sum())
+        can_grow = not bounded and len(ids) < n
+        keep = len(ids)
+        if p.top_p < 1.0:                    # smallest prefix whose mass reaches top_p
+            cum = np.cumsum(w) / z
+            if cum[-1] < p.top_p and can_grow:
+                k *= 8
+                continue
+            keep = min(keep, int(np.searchsorted(cum, p.top_p)) + 1)
+        if p.min_p > 0.0:                    # w is relative to the most likely token (w[0] == 1)
+            above = int(np.count_nonzero(w >= p.min_p))
+            if above == len(ids) and can_grow:
+                k *= 8
+                continue
+            keep = min(keep, max(1, above))
+        break
+    truncated = bounded or keep < len(ids) or p.top_p < 1.0 or p.min_p > 0.0
+    if truncated:
+        w = w[:keep]
+        u = sampler.rng.random() * w.sum()
+        return int(ids[min(int(np.searchsorted(np.cumsum(w), u, side="right")), keep - 1)])
+    # Plain temperature sampling over the whole vocabulary: mostly lands in the candidates;
+    # the rare draw past them scans the tail in C.
+    u = sampler.rng.random() * z
+    cw = np.cumsum(w)
+    if u < cw[-1] or len(ids) == n:
+        return int(ids[min(int(np.searchsorted(cw, u, side="right")), len(ids) - 1)])
+    skip = np.sort(ids).astype(np.int32)
+    t = lib.pd_draw_tail(ffi.cast("float *", x.ctypes.data), n, inv_t, shift,
+                         ffi.cast("int32_t *", skip.ctypes.data), len(skip), u - cw[-1])
+    return int(t) if t >= 0 else int(ids[-1])
+
+
+def top_logprobs(logits: np.ndarray, sampler: Sampler, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's log-probability of `token` and its n most likely alternatives (raw logits)."""
+    x = np.ascontiguousarray(logits, dtype=np.float32)
+    m = float(x.max())
+    log_z = m + math.log(lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data), len(x), 1.0, m))
+    ids, vals = sampler._top(x, max(n, 1))
+    return float(x[token]) - log_z, [(int(i), float(v) - log_z) for i, v in zip(ids[:n], vals[:n])]

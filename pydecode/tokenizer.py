@@ -2,21 +2,27 @@
 
 The GGUF keys `tokenizer.ggml.*` hold the whole tokenizer. This module turns them into:
 
-- a *backend* that encodes plain text (no special tokens) for one `tokenizer.ggml.model`
-  (today: "gpt2" = byte-level BPE, run by Hugging Face `tokenizers`);
+- a *backend* that encodes plain text (no special tokens) for one `tokenizer.ggml.model`:
+  "gpt2" = byte-level BPE, run by Hugging Face `tokenizers`; "llama" = SentencePiece (Llama 2,
+  Mistral, Phi-3, Gemma), run by `sentencepiece` from a model built out of the GGUF vocabulary;
 - the model-independent rules around it, taken from llama.cpp (`llama-vocab.cpp`): which
   special tokens are matched in text and how, BOS/EOS insertion, end-of-generation ids and
   byte-exact detokenization (also incremental, for streaming).
 
-A new tokenizer model (e.g. SentencePiece, `tokenizer.ggml.model == "llama"`) is a new backend
-class registered in `_BACKENDS`; nothing else has to change.
+A new tokenizer model is a new backend class registered in `_BACKENDS`.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
+import os
 import re
+import struct
+import tempfile
+from array import array
 from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
@@ -150,7 +156,10 @@ _BYTE_DECODER = _byte_decoder()
 class _ByteLevelBPE:
     """Backend for `tokenizer.ggml.model == "gpt2"`: GPT-2 style byte-level BPE."""
 
-    def __init__(self, meta: dict, vocab: dict[str, int]):
+    add_space_prefix = False  # decode keeps every space
+    default_ids: dict[str, int] = {}
+
+    def __init__(self, meta: dict, tokens: list[str], vocab: dict[str, int], cache_path=None):
         pre_name = meta.get("tokenizer.ggml.pre") or "default"  # llama.cpp: missing -> default
         pre = _PRE_TOKENIZERS.get(pre_name)
         if pre is None:
@@ -182,8 +191,191 @@ class _ByteLevelBPE:
                             else c.encode() for c in text)
 
 
-_BACKENDS = {"gpt2": _ByteLevelBPE}
-_NOT_YET = {"llama": "SentencePiece"}
+# ---------------------------------------------------------------------------------------------
+# SentencePiece ("llama")
+#
+# llama.cpp's SPM tokenizer (llm_tokenizer_spm) escapes spaces as U+2581, prepends one to every
+# plain-text fragment when add_space_prefix is set, then merges adjacent symbols, best vocabulary
+# score first (ties: leftmost first), and spells symbols left outside the vocabulary as <0xNN>
+# byte tokens. That is exactly SentencePiece's BPE model with byte fallback, so the vocabulary is
+# written as a SentencePiece ModelProto (by hand: the wire format is simple and avoids needing
+# `protobuf`) and run by `sentencepiece`. The escaping and the prefix are done here, with
+# SentencePiece's normalizer off, so nothing else (NFKC, whitespace folding) touches the text.
+#
+# llama.cpp can merge into *any* vocabulary entry (control, user-defined, unused ones too), while
+# SentencePiece never produces control/user-defined/unused pieces by merging; so every entry is
+# written as NORMAL except the unknown piece and the byte pieces, which SentencePiece needs
+# typed. Special tokens written in text are cut out before (Tokenizer._partition).
+
+_SPM_NORMAL, _SPM_UNKNOWN, _SPM_BYTE = 1, 2, 6
+_SPM_CACHE_FORMAT = "pydecode-spm-1"
+_SPM_CHECK_FIELD = 1000  # not a ModelProto field: parsers skip it
+_SPACE = "\u2581"
+
+
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64  # protobuf writes negative int32 as 10-byte two's complement
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _pb_bytes(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _pb_int(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+class _SentencePiece:
+    """Backend for `tokenizer.ggml.model == "llama"`: SentencePiece (BPE-style merges by score)."""
+
+    default_add_bos = True  # llama.cpp's defaults for SPM vocabularies
+    default_ids = {"bos": 1, "eos": 2}
+
+    def __init__(self, meta: dict, tokens: list[str], vocab: dict[str, int],
+                 cache_path: str | os.PathLike | None = None):
+        import sentencepiece
+
+        n = len(tokens)
+        self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        unk = int(unk) if unk is not None and 0 <= int(unk) < n else 0
+        types = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * n
+        scores = meta.get("tokenizer.ggml.scores") or [0.0] * n  # llama.cpp: missing -> 0
+        for key, values in (("token_type", types), ("scores", scores)):
+            if len(values) < n:
+                raise TokenizerError(f"tokenizer.ggml.{key} has {len(values)} entries "
+                                     f"for {n} tokens")
+
+        pieces = list(tokens)
+        kinds = bytearray([_SPM_NORMAL]) * n
+        bytes_ = {f"<0x{b:02X}>": b for b in range(256)}
+        byte_ids = [i for i in range(n) if types[i] == _BYTE and pieces[i] in bytes_]
+        # Byte fallback needs all 256 byte pieces (llama.cpp would otherwise fail on the rest).
+        self.byte_fallback = len({pieces[i] for i in byte_ids}) == 256
+        if self.byte_fallback:
+            for i in byte_ids:
+                kinds[i] = _SPM_BYTE
+        kinds[unk] = _SPM_UNKNOWN
+        # SentencePiece refuses duplicate pieces; llama.cpp's text -> id map keeps the last one,
+        # so earlier copies get an unreachable name.
+        if len(vocab) < n:
+            for i, text in enumerate(pieces):
+                if vocab[text] != i:
+                    pieces[i] = f"\ue000pydecode-duplicate-{i}"
+                    kinds[i] = _SPM_NORMAL
+
+        scores32 = array("f", scores[:n])
+        header = self._header(pieces, scores32, kinds, unk)
+        proto = self._load_cache(cache_path, header)
+        sp = None
+        if proto is not None:
+            try:
+                sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+            except RuntimeError:  # unreadable after all: rebuild it
+                proto = None
+        if proto is None:
+            proto = header + self._pieces_proto(pieces, scores32, kinds) + _pb_bytes(
+                3, _pb_bytes(1, b"identity") + _pb_int(3, 0) + _pb_int(4, 0) + _pb_int(5, 0))
+            # Last, in a field SentencePiece ignores: a hash of all the bytes before it.
+            proto += _pb_bytes(_SPM_CHECK_FIELD, hashlib.sha256(proto).digest())
+            try:
+                sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+            except RuntimeError as e:
+                raise TokenizerError(f"SentencePiece refused the vocabulary: {e}") from None
+            self._save_cache(cache_path, proto)
+        self.proto = proto  # a complete SentencePiece model file (what the cache holds)
+        self._encode_ids = sp.encode
+        self.sentencepiece = sp
+
+    def _header(self, pieces, scores32, kinds, unk) -> bytes:
+        """The serialized trainer_spec, written first in the proto. It carries a hash of
+        everything the proto is made of, so a cached proto is reused only for the same input."""
+        h = hashlib.sha256(_SPM_CACHE_FORMAT.encode())
+        h.update(array("I", [len(p) for p in pieces]).tobytes())
+        h.update("\0".join(pieces).encode("utf-8", "surrogatepass"))
+        h.update(scores32.tobytes())
+        h.update(bytes(kinds))
+        h.update(struct.pack("<iB", unk, self.byte_fallback))
+        spec = (_pb_bytes(2, f"{_SPM_CACHE_FORMAT}:{h.hexdigest()}".encode())  # model_prefix
+                + _pb_int(3, 2)                                 # model_type = BPE
+                + _pb_int(4, len(pieces))                       # vocab_size
+                + _pb_int(35, int(self.byte_fallback))          # byte_fallback
+                + _pb_int(40, unk)                              # unk_id
+                + _pb_int(41, -1) + _pb_int(42, -1) + _pb_int(43, -1))  # bos/eos/pad: ours
+        return _pb_bytes(2, spec)
+
+    @staticmethod
+    def _pieces_proto(pieces, scores32, kinds) -> bytes:
+        """ModelProto.pieces: {1: piece, 2: score (float), 3: type} per vocabulary entry."""
+        out = []
+        append = out.append
+        raw_scores = scores32.tobytes()
+        for i, piece in enumerate(pieces):
+            text = piece.encode("utf-8", "surrogatepass")
+            body = (b"\x0a" + _varint(len(text)) + text + b"\x15" + raw_scores[4 * i:4 * i + 4]
+                    + b"\x18" + kinds[i:i + 1])
+            append(b"\x0a" + _varint(len(body)) + body)
+        return b"".join(out)
+
+    @staticmethod
+    def _load_cache(cache_path, header: bytes) -> bytes | None:
+        """The cached proto if it was made from this vocabulary (header) and is intact."""
+        if cache_path is None:
+            return None
+        try:
+            data = Path(cache_path).read_bytes()
+        except OSError:
+            return None
+        check = _pb_bytes(_SPM_CHECK_FIELD, bytes(32))[:-32]
+        body, tag, digest = data[:-len(check) - 32], data[-len(check) - 32:-32], data[-32:]
+        if (data.startswith(header) and tag == check
+                and hashlib.sha256(body).digest() == digest):
+            return data
+        return None
+
+    @staticmethod
+    def _save_cache(cache_path, proto: bytes) -> None:
+        """Write atomically (temporary file + rename); an unwritable place just means no cache."""
+        if cache_path is None:
+            return
+        path = Path(cache_path)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(proto)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError:
+            pass
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one plain-text fragment (llama.cpp prefixes every fragment with a space)."""
+        if self.add_space_prefix:
+            text = " " + text
+        return self._encode_ids(text.replace(" ", _SPACE))
+
+    @staticmethod
+    def token_bytes(text: str) -> bytes:
+        return text.replace(_SPACE, " ").encode()
+
+
+_BACKENDS = {"gpt2": _ByteLevelBPE, "llama": _SentencePiece}
+_NOT_YET: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,8 +389,14 @@ class Tokenizer:
     """
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> Tokenizer:
-        """Build from GGUF key/values as plain Python (`{key: field.contents()}`)."""
+    def from_metadata(cls, meta: dict, *, cache_path: str | os.PathLike | None = None) -> Tokenizer:
+        """Build from GGUF key/values as plain Python (`{key: field.contents()}`).
+
+        cache_path: where a SentencePiece vocabulary may keep the model it builds (for example
+        `<model>.gguf.spm.model`), so that the next load skips building it. The file records a
+        hash of the vocabulary it was made from and is rebuilt when that differs; it is
+        written atomically, and not at all where it cannot be. Other tokenizers ignore it.
+        """
         model = meta.get("tokenizer.ggml.model")
         backend_cls = _BACKENDS.get(model)
         if backend_cls is None:
@@ -211,8 +409,8 @@ class Tokenizer:
             raise TokenizerError("tokenizer.ggml.tokens is missing or empty")
         # llama.cpp renames empty entries, so that no special token matches the empty string.
         tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        return cls(meta, tokens, vocab, backend_cls(meta, vocab))
+        vocab = {t: i for i, t in enumerate(tokens)}  # like llama.cpp, a duplicate's last id wins
+        return cls(meta, tokens, vocab, backend_cls(meta, tokens, vocab, cache_path))
 
     def __init__(self, meta: dict, tokens: list[str], vocab: dict[str, int], backend):
         n = self.vocab_size = len(tokens)
@@ -222,12 +420,14 @@ class Tokenizer:
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries "
                                  f"for {n} tokens")
 
-        def token_id(key: str) -> int | None:
+        def token_id(key: str, default: int | None = None) -> int | None:
             value = meta.get(key)
+            if value is None or not 0 <= int(value) < n:  # llama.cpp: bad id -> the default
+                value = default
             return int(value) if value is not None and 0 <= int(value) < n else None
 
-        self.bos_id = token_id("tokenizer.ggml.bos_token_id")
-        self.eos_id = token_id("tokenizer.ggml.eos_token_id")
+        self.bos_id = token_id("tokenizer.ggml.bos_token_id", backend.default_ids.get("bos"))
+        self.eos_id = token_id("tokenizer.ggml.eos_token_id", backend.default_ids.get("eos"))
         # The per-model default applies only when the file says nothing and has a BOS id.
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token",
                                      backend.default_add_bos and self.bos_id is not None))
@@ -251,6 +451,9 @@ class Tokenizer:
         self._tokens = tokens
         self._types = types
         self._backend = backend
+        # SentencePiece puts a space before every plain-text fragment (add_space_prefix); decode
+        # drops it again where encode put it: at the start and after a special token.
+        self._space_prefix = bool(getattr(backend, "add_space_prefix", False))
         self._bytes: list[bytes | None] = [None] * n  # token_bytes cache, filled on demand
         # Special tokens cut out of the text before the backend sees it, longest (in UTF-8
         # bytes) first, as llama.cpp does. With parse_special=False only user-defined ones are
@@ -258,15 +461,31 @@ class Tokenizer:
         specials = sorted((i for i, t in enumerate(types[:n])
                            if t in (_CONTROL, _USER_DEFINED, _UNKNOWN)),
                           key=lambda i: -len(tokens[i].encode()))
+        self._rstrip = self._rstrip_ids(meta, vocab, specials)
         self._split_all = self._splitter(specials)
         self._split_user = self._splitter([i for i in specials if types[i] == _USER_DEFINED])
 
+    @staticmethod
+    def _rstrip_ids(meta: dict, vocab: dict[str, int], specials: list[int]) -> frozenset[int]:
+        """Special tokens that swallow the whitespace after them when cut out of text.
+
+        llama.cpp sets this by model name (general.name): for Phi-3, every special token but
+        <unk>, <s> and <|endoftext|>, so "<|user|>\nHi" encodes as <|user|> "Hi"."""
+        name = str(meta.get("general.name", "")).lower()
+        if "phi-3" not in name and "phi3" not in name:
+            return frozenset()
+        ids = set(specials)
+        if "</s>" in vocab:
+            ids.add(vocab["</s>"])
+        return frozenset(ids - {vocab.get(t) for t in ("<unk>", "<s>", "<|endoftext|>")})
+
     def _splitter(self, ids: list[int]):
-        """(texts and ids longest first, a regex that finds whether any of them occurs)."""
-        if not ids:
-            return (), None
+        """(texts and ids longest first, {first two characters: indexes into them})."""
         pairs = tuple((self._tokens[i], i) for i in ids)
-        return pairs, re.compile("|".join(re.escape(t) for t, _ in pairs))
+        buckets: dict[str, list[int]] = {}
+        for k, (text, _) in enumerate(pairs):
+            buckets.setdefault(text[:2], []).append(k)
+        return pairs, buckets
 
     def _partition(self, text: str, parse_special: bool) -> list:
         """Cut `text` into plain-text pieces (str) and special token ids (int).
@@ -275,21 +494,31 @@ class Tokenizer:
         text piece at each of its occurrences. This differs from leftmost-longest matching
         when special texts overlap, so it is reproduced exactly.
         """
-        pairs, any_special = self._split_all if parse_special else self._split_user
-        if any_special is None or not any_special.search(text):  # the common, fast case
+        pairs, buckets = self._split_all if parse_special else self._split_user
+        if len(pairs) > 64:
+            # Only specials whose first two characters occur in the text can occur (Gemma has
+            # 6k of them: testing each with `in` would cost more than the encoding itself).
+            starts = {text[i:i + 2] for i in range(len(text))} | set(text)
+            found = sorted(k for key in starts for k in buckets.get(key, ()))
+            candidates = [pairs[k] for k in found if pairs[k][0] in text]
+        else:
+            candidates = [pair for pair in pairs if pair[0] in text]
+        if not candidates:  # the common, fast case
             return [text] if text else []
+        rstrip = self._rstrip
         pieces: list = [text]
-        for special, tid in pairs:
-            if special not in text:
-                continue
+        for special, tid in candidates:
+            strip = tid in rstrip
             out: list = []
             for piece in pieces:
                 if isinstance(piece, int) or special not in piece:
                     out.append(piece)
                     continue
-                for k, part in enumerate(piece.split(special)):
-                    if k:
+                for j, part in enumerate(piece.split(special)):
+                    if j:
                         out.append(tid)
+                        if strip:
+                            part = part.lstrip(" \t\n\v\f\r")  # C isspace()
                     if part:
                         out.append(part)
             pieces = out
@@ -325,8 +554,11 @@ class Tokenizer:
         cached = self._bytes[token_id]
         if cached is None:
             text = self._tokens[token_id]
-            if self._types[token_id] in (_CONTROL, _USER_DEFINED, _UNKNOWN):
+            kind = self._types[token_id]
+            if kind in (_CONTROL, _USER_DEFINED, _UNKNOWN):
                 cached = text.encode()
+            elif kind == _BYTE and re.fullmatch("<0x[0-9A-Fa-f]{2}>", text):
+                cached = bytes([int(text[3:5], 16)])  # byte fallback token <0xNN>
             else:
                 cached = self._backend.token_bytes(text)
             self._bytes[token_id] = cached
@@ -339,36 +571,66 @@ class Tokenizer:
             return b""
         return data
 
+    def _follows_special(self, token_id: int) -> bool:
+        """Whether encode starts a new text fragment after this token (see _space_prefix)."""
+        return self._types[token_id] in (_CONTROL, _USER_DEFINED, _UNKNOWN)
+
     def is_special(self, token_id: int) -> bool:
         """True for control and user-defined tokens."""
         self._check(token_id)
         return self._types[token_id] in (_CONTROL, _USER_DEFINED)
 
     def decode(self, ids, skip_special: bool = False) -> str:
-        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD."""
-        return b"".join([self._piece(i, skip_special) for i in ids]).decode("utf-8", "replace")
+        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD.
 
-    def decoder(self, skip_special: bool = False) -> IncrementalDecoder:
-        """A fresh streaming decoder (one per generated sequence)."""
-        return IncrementalDecoder(self, skip_special)
+        With SentencePiece, the space encode prefixes to each text fragment (at the start and
+        after a special token) is dropped, so that decode(encode(text)) == text."""
+        if not self._space_prefix:
+            return b"".join([self._piece(i, skip_special) for i in ids]).decode("utf-8", "replace")
+        dec = IncrementalDecoder(self, skip_special, start=True)
+        return "".join([dec.feed(i) for i in ids]) + dec.flush()
+
+    def decoder(self, skip_special: bool = False, *, start: bool = False) -> IncrementalDecoder:
+        """A fresh streaming decoder (one per generated sequence).
+
+        start=False (for generation): the ids continue a prompt, so a leading space is text
+        (" Paris" after "The capital of France is"). start=True: they begin a text, as
+        `decode` assumes."""
+        return IncrementalDecoder(self, skip_special, start=start)
 
 
 class IncrementalDecoder:
     """Decodes ids one at a time, emitting only complete characters.
 
-    A byte-level token may end in the middle of a UTF-8 character; those bytes are held back
-    until the character is complete, so each character is emitted exactly once and the
-    concatenated output equals `Tokenizer.decode` of all ids.
+    A token may end in the middle of a UTF-8 character (byte-level BPE tokens, SentencePiece
+    <0xNN> byte tokens); those bytes are held back until the character is complete, so each
+    character is emitted exactly once. The concatenated output equals `Tokenizer.decode` of all
+    ids when made with start=True; with start=False (the default, for a generation that
+    continues a prompt) it equals what decoding the prompt and the ids together adds after the
+    prompt's own text, when the prompt ends with plain text. The two differ only for
+    SentencePiece vocabularies with add_space_prefix (Llama 2, Mistral, Phi-3): in a text's
+    first token the leading space is the prefix encode added, in a continuation it is a space.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, start: bool = False):
         self._piece = tokenizer._piece
         self._skip = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._space_prefix = tokenizer._space_prefix
+        self._follows_special = tokenizer._follows_special
+        self._strip_next = start and self._space_prefix
 
     def feed(self, token_id: int) -> str:
         """Text completed by this token (may be empty)."""
-        return self._utf8.decode(self._piece(token_id, self._skip))
+        data = self._piece(token_id, self._skip)
+        if self._space_prefix:
+            if self._follows_special(token_id):
+                self._strip_next = True
+            else:
+                if self._strip_next and data[:1] == b" ":
+                    data = data[1:]
+                self._strip_next = False
+        return self._utf8.decode(data)
 
     def flush(self) -> str:
         """Whatever is still held back; an unfinished character becomes U+FFFD."""

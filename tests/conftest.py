@@ -16,3 +16,10 @@ def smollm_path():
     from pydecode.registry import model_path
 
     return model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    from pydecode.registry import model_path
+
+    return model_path("gemma3-270m")

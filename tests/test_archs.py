@@ -77,3 +77,12 @@ def test_arch_config_from_metadata(tiny):
         assert c.embd_scale == pytest.approx(8.0) and c.rope_base_local == 10000.0
     assert c.rope_neox == (c.arch in ("qwen2", "gemma3"))
     assert c.tied_output == (c.arch != "qwen2")
+
+
+def test_iq_tensor_fails_at_load_naming_tensor_and_type(tmp_path):
+    from gguf import GGMLQuantizationType as QT
+
+    path = tmp_path / "iq.gguf"
+    write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ4_NL))
+    with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ4_NL"):
+        pydecode.Model(path, n_ctx=32, n_threads=1)

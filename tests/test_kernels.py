@@ -1,16 +1,20 @@
 """Kernel tests: every kernel table (ISA) x every weight type, against gguf's numpy code.
 
 gguf.quants is the oracle for the block formats (its quantize builds the weights, its
-dequantize defines their values). Block-format matmuls quantize the activations to 8 bits
-first, so each is checked twice: tightly against the product with the same quantized
-activations (numpy mirror of quantize_q8 below), and more loosely against the float product.
+dequantize defines their values). gguf has no quantizer for the K-quants, so their weights are
+built by hand: random bytes are a valid block of every K format (each bit pattern of the packed
+quants and sub-block scales means something), with sane f16 super-block scales written over
+them; gguf's dequantize still defines their values. Block-format matmuls quantize the
+activations to 8 bits first (pd_q8 per 32 values, pd_q8k per 256 for the K-quants), so each is
+checked twice: tightly against the product with the same quantized activations (numpy mirrors
+of quantize_q8 / quantize_q8k below), and more loosely against the float product.
 """
 import functools
 
 import gguf
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 from pydecode import _core
 from pydecode._core import ffi, lib
@@ -19,6 +23,9 @@ from pydecode._core import ffi, lib
 # Tight: kernel vs float64 reference over the SAME quantized inputs. Each block's integer dot is
 # exact, so only float32 rounding (scales, block sums: <= ~50 terms, f32 eps 6e-8) remains:
 # |y - ref| <= TIGHT_REL * sum_i |w_i * x_i|. Also used for scalar vs avx2 (summation order).
+# K-quants: per super-block the scale and minimum terms (each exact in integers, < 2^27) are
+# rounded separately, so their error scales with sum_i (|d sc q_i| + |dmin m|) |x_i|, which the
+# hand-built blocks keep within a few times sum_i |w_i x_i|: the same TIGHT_REL holds.
 TIGHT_REL = 1e-5
 # Loose, hard bound: q8 activations are round-to-nearest, so |x - dq(x)| <= d_block/2 and
 # |y - W@x| <= sum_i |w_i| d_i/2 (+ the tight term); the factor is slack for d, 1/d rounding.
@@ -28,15 +35,37 @@ LOOSE_BOUND_SLACK = 1.01
 LOOSE_SIGMAS = 4.0
 # Attention output vs float64 softmax reference: |out - ref| <= ATTN_REL * max|V|.
 ATTN_REL = 1e-5
-# Exact (bit for bit): quantize_q8 vs its numpy mirror, dequantize_row vs gguf.dequantize,
-# f16<->f32 vs numpy (NaNs: both NaN, payload not compared).
+# Exact (bit for bit): quantize_q8 / quantize_q8k vs their numpy mirrors, dequantize_row vs
+# gguf.dequantize, f16<->f32 vs numpy (NaNs: both NaN, payload not compared).
 
 ISAS = ["scalar", "avx2"]
-TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0] + K_TYPES
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 KS = [32, 256, 576, 1536]
+K_KS = [256, 512, 2048]                                 # K-quants: whole super-blocks of 256
 SHAPES = [(1, 1), (7, 3), (33, 8), (33, 1), (7, 8)]     # (nrows, ncols): rows not a multiple of 4
 Q8_DTYPE = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])   # pd_q8, 40 bytes
+Q8K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])   # pd_q8k, 292
+# byte offset of the f16 super-block scale d in each K block (dmin, if any, follows it)
+K_D_OFFSET = {QT.Q2_K: 80, QT.Q3_K: 108, QT.Q4_K: 0, QT.Q5_K: 0, QT.Q6_K: 208}
+K_HAS_MIN = (QT.Q2_K, QT.Q4_K, QT.Q5_K)
+
+
+
+def _quantize_q8k(isa, x, out, k):
+    xp = ffi.NULL if x is None else ffi.cast("float *", x)
+    return lib.pd_kernel_quantize_q8k(isa, xp, ffi.cast("void *", out), k)
+
+
+def _type_name(t):
+    return ffi.string(lib.pd_type_name(t))
+
+
+def type_k_params(types=TYPES, ks=KS, k_ks=K_KS):
+    """(qtype, k) pairs: each type with the row lengths its block size allows."""
+    return [pytest.param(t, k, id=f"{t.name}-{k}") for t in types
+            for k in (k_ks if t in K_TYPES else ks)]
 
 
 
@@ -64,6 +93,32 @@ def q8_numpy(x):
     return out
 
 
+def q8k_numpy(x):
+    """numpy mirror of quantize_q8k: quantize_q8's rule per 256 values, bsums = sums of 16 q."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 256)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    qs = gguf.quants.np_roundf(blocks * inv[:, None]).astype(np.int8)
+    out = np.empty(blocks.shape[0], Q8K_DTYPE)
+    out["d"], out["qs"] = d, qs
+    out["bsums"] = qs.reshape(-1, 16, 16).sum(axis=2, dtype=np.int32)
+    return out
+
+
+def q8k_c(isa_name, x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(x.size // 256, Q8K_DTYPE)
+    rc = _quantize_q8k(isa_name.encode(), x.ctypes.data, out.ctypes.data, x.size)
+    assert rc == lib.PD_OK
+    return out
+
+
+def act_quant(qtype, x):
+    """The 8-bit activations a block type's matmul works on (numpy mirror)."""
+    return q8k_numpy(x) if qtype in K_TYPES else q8_numpy(x)
+
+
 def q8_c(isa_name, x):
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros(x.size // 32, Q8_DTYPE)
@@ -88,10 +143,33 @@ def matmul(isa_name, qtype, wbytes, nrows, k, x, stride=None):
     return y
 
 
+def k_blocks(qtype, nrows, k, rng):
+    """Hand-built K-quant rows: random quant and sub-block-scale bytes, f16 super-block scales
+    d (and dmin) of either sign and varied size per block, a few blocks with every byte 0xFF
+    (largest quants, scales and minima) and a few with d = 0."""
+    _, nbytes = GGML_QUANT_SIZES[qtype]
+    nb = k // 256
+    w = rng.integers(0, 256, (nrows, nb, nbytes), dtype=np.uint8)
+    w[rng.random((nrows, nb)) < 0.03] = 0xFF
+    nscale = 2 if qtype in K_HAS_MIN else 1
+    # |w| ~ 0.1..1: d * (largest sc*q: 15*3, 31*7, 63*15, 63*31, 127*31 in the 5 formats)
+    scale = {QT.Q2_K: 0.01, QT.Q3_K: 0.005, QT.Q4_K: 1e-3, QT.Q5_K: 5e-4, QT.Q6_K: 2e-4}[qtype]
+    ds = scale * rng.uniform(0.2, 2.0, (nrows, nb, nscale)) * rng.choice([1, 1, 1, -1], (nrows, nb, nscale))
+    ds[rng.random((nrows, nb)) < 0.03, 0] = 0
+    off = K_D_OFFSET[qtype]
+    w[..., off:off + 2 * nscale] = ds.astype(np.float16).view(np.uint8).reshape(nrows, nb, -1)
+    return np.ascontiguousarray(w.reshape(nrows, -1))
+
+
 @functools.lru_cache(maxsize=None)
 def weights(qtype, nrows, k, seed=0):
-    """(raw bytes [nrows, row_bytes], dequantized float64 [nrows, k]) built by gguf."""
+    """(raw bytes [nrows, row_bytes], dequantized float64 [nrows, k]) built by gguf (K-quants:
+    hand-built, dequantized by gguf)."""
     rng = np.random.default_rng([seed, int(qtype), nrows, k])
+    if qtype in K_TYPES:
+        wbytes = k_blocks(qtype, nrows, k, rng)
+        wd = gguf.quants.dequantize(wbytes, qtype).reshape(nrows, k).astype(np.float64)
+        return wbytes, wd
     # per-row offsets make the minimum of q4_1/q5_1 matter; a few large values stretch blocks
     w = rng.standard_normal((nrows, k)) * 0.5 + rng.uniform(-0.3, 0.3, (nrows, 1))
     w = w.astype(np.float32)
@@ -112,14 +190,15 @@ def check_against_oracle(y, wd, x, qtype):
     if qtype in FLOAT_TYPES:
         xa = x.astype(np.float64)
     else:
-        xa = np.stack([dq8(q8_numpy(row)) for row in x])
+        xa = np.stack([dq8(act_quant(qtype, row)) for row in x])
     ref = xa @ wd.T
     tight = TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
     err = np.abs(y - ref)
     assert (err <= tight).all(), f"tight: worst err/tol {(err / tight).max():.3g}"
     if qtype in FLOAT_TYPES:
         return
-    half_d = np.stack([np.repeat(q8_numpy(row)["d"].astype(np.float64), 32) / 2 for row in x])
+    bs = 256 if qtype in K_TYPES else 32
+    half_d = np.stack([np.repeat(act_quant(qtype, row)["d"].astype(np.float64), bs) / 2 for row in x])
     ref_f = x.astype(np.float64) @ wd.T
     bound = LOOSE_BOUND_SLACK * (half_d @ np.abs(wd).T) + tight
     err_f = np.abs(y - ref_f)
@@ -143,11 +222,28 @@ def test_quantize_q8_matches_numpy_mirror(isa):
     assert (got["qs"][2][1:] == np.where(x[65:96] > 0, np.ceil(x[65:96]), np.floor(x[65:96]))).all()
 
 
+def test_quantize_q8k_matches_numpy_mirror(isa):
+    rng = np.random.default_rng(6)
+    nb = 24
+    x = (rng.standard_normal(256 * nb) * np.repeat(rng.uniform(1e-3, 100, nb), 256)).astype("f4")
+    x[:256] = 0                                                  # all-zero block: d = 0
+    ties = np.arange(-127.5, 128.5, 1, dtype=np.float32)         # 256 exact .5 ties ...
+    ties[0], ties[-1] = -127, 127                                # ... in a block with d = 1
+    x[256:512] = ties
+    x[512:768] = -ties[::-1] * 0.5 - 0.25                        # amax 63.75, many near-ties
+    x[768:1024] = np.where(np.arange(256) == 77, -300, x[768:1024])  # amax of negative sign
+    x[1024:1280] = rng.standard_normal(256).astype("f4") * 1e-30     # tiny (normal f32) values
+    got, want = q8k_c(isa, x), q8k_numpy(x)
+    assert got.tobytes() == want.tobytes()   # bit-exact: d, every q and every bsum
+    assert want["d"][1] == 1 and (got["qs"][1][1:-1] == np.where(ties[1:-1] > 0, np.ceil(ties[1:-1]),
+                                                                 np.floor(ties[1:-1]))).all()
+    assert abs(got["qs"]).max() == 127
+
+
 # ---------------------------------------------------------------- matmul vs the gguf oracle
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("qtype,k", type_k_params())
 @pytest.mark.parametrize("nrows,ncols", SHAPES)
 def test_matmul_vs_gguf(isa, qtype, k, nrows, ncols):
     wbytes, wd = weights(qtype, nrows, k)
@@ -168,23 +264,44 @@ def test_matmul_float_types_any_k(isa, qtype, k):
 def test_scalar_vs_avx2(qtype, nrows, ncols):
     if not lib.pd_isa_supported(b"avx2"):
         pytest.skip("avx2 is not compiled in or not supported by this CPU")
-    k = 576
+    k = 768 if qtype in K_TYPES else 576
     wbytes, wd = weights(qtype, nrows, k)
     x = acts(ncols, k)
     ys, ya = (matmul(i, qtype, wbytes, nrows, k, x) for i in ("scalar", "avx2"))
-    xa = x.astype(np.float64) if qtype in FLOAT_TYPES else np.stack([dq8(q8_numpy(r)) for r in x])
+    xa = (x.astype(np.float64) if qtype in FLOAT_TYPES
+          else np.stack([dq8(act_quant(qtype, r)) for r in x]))
     tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
     assert (np.abs(ya - ys) <= tol).all()
 
 
-def test_matmul_row_stride(isa):
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_matmul_row_stride(isa, qtype):
     """Rows further apart than their bytes (a sub-matrix of a wider tensor)."""
-    wbytes, wd = weights(QT.Q4_1, 11, 256)
+    wbytes, wd = weights(qtype, 11, 256)
     wide = np.zeros((11, wbytes.shape[1] + 24), np.uint8)
     wide[:, :wbytes.shape[1]] = wbytes
     x = acts(3, 256)
-    y = matmul(isa, QT.Q4_1, wide, 11, 256, x, stride=wide.shape[1])
-    check_against_oracle(y, wd, x, QT.Q4_1)
+    y = matmul(isa, qtype, wide, 11, 256, x, stride=wide.shape[1])
+    check_against_oracle(y, wd, x, qtype)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_matmul_k_extreme_activations(isa, qtype):
+    """Activations at full scale (|q| = 127 everywhere, same sign or alternating) against blocks
+    of all-0xFF bytes: the largest integer sums each format can produce (int16 pair sums, int32
+    super-block sums must not overflow)."""
+    k, nrows = 512, 5
+    wbytes, _ = weights(qtype, nrows, k)
+    wbytes = wbytes.copy()
+    blocks = wbytes.reshape(nrows, 2, -1)
+    off = K_D_OFFSET[qtype]
+    nscale = 2 if qtype in K_HAS_MIN else 1
+    blocks[:3, :, :off] = 0xFF
+    blocks[:3, :, off + 2 * nscale:] = 0xFF
+    wd = gguf.quants.dequantize(wbytes, qtype).reshape(nrows, k).astype(np.float64)
+    x = np.stack([np.ones(k), -np.ones(k), np.tile([1.0, -1.0], k // 2),
+                  np.sign(wd[0]) + (wd[0] == 0)]).astype(np.float32) * 3
+    check_against_oracle(matmul(isa, qtype, wbytes, nrows, k, x), wd, x, qtype)
 
 
 # ---------------------------------------------------------------- real tensors of the model file
@@ -212,6 +329,46 @@ def test_matmul_model_tensors(isa, smollm, name, rows, ncols):
     check_against_oracle(y, wd, x, t.tensor_type)
 
 
+@pytest.fixture(scope="module")
+def gemma():
+    from pydecode.registry import model_path
+
+    reader = gguf.GGUFReader(str(model_path("gemma3-270m")))
+    return {t.name: t for t in reader.tensors}
+
+
+GEMMA_K_TENSORS = [
+    ("blk.0.attn_output.weight", QT.Q4_K),   # k = 1024, 640 rows
+    ("blk.0.ffn_down.weight", QT.Q6_K),      # k = 2048, 640 rows
+    ("blk.2.ffn_down.weight", QT.Q4_K),      # k = 2048
+]
+
+
+@pytest.mark.parametrize("name,qtype", GEMMA_K_TENSORS)
+@pytest.mark.parametrize("ncols", [1, 5])
+def test_matmul_gemma_k_tensors(isa, gemma, name, qtype, ncols):
+    t = gemma[name]
+    assert t.tensor_type == qtype
+    data = np.ascontiguousarray(t.data)
+    nrows, k = data.shape[0], int(t.shape[0])
+    wd = gguf.quants.dequantize(data, qtype).reshape(nrows, k).astype("f8")
+    x = acts(ncols, k, seed=8)
+    y = matmul(isa, qtype, data, nrows, k, x)
+    check_against_oracle(y, wd, x, qtype)
+
+
+@pytest.mark.parametrize("name,qtype", GEMMA_K_TENSORS[:2])
+def test_dequantize_row_gemma_k_tensor(gemma, name, qtype):
+    t = gemma[name]
+    rows = np.asarray(t.data[100:104])
+    want = gguf.quants.dequantize(rows, qtype).reshape(4, -1)
+    for r in range(4):
+        y = np.empty(want.shape[1], np.float32)
+        assert lib.pd_kernel_dequantize_row(int(qtype), ffi.from_buffer(rows[r]),
+                                            ffi.from_buffer("float[]", y), y.size) == lib.PD_OK
+        assert y.tobytes() == want[r].tobytes()
+
+
 def test_dequantize_row_model_tensor(smollm):
     t = smollm["token_embd.weight"]
     rows = np.asarray(t.data[5000:5004])
@@ -228,12 +385,13 @@ def test_dequantize_row_model_tensor(smollm):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_row_exact(qtype):
-    wbytes, _ = weights(qtype, 3, 256)
-    want = gguf.quants.dequantize(wbytes, qtype).reshape(3, 256).astype(np.float32)
+    k = 2048 if qtype in K_TYPES else 256      # K-quants: enough blocks for the 0xFF / d=0 ones
+    wbytes, _ = weights(qtype, 3, k)
+    want = gguf.quants.dequantize(wbytes, qtype).reshape(3, k).astype(np.float32)
     for r in range(3):
-        y = np.empty(256, np.float32)
+        y = np.empty(k, np.float32)
         assert lib.pd_kernel_dequantize_row(int(qtype), ffi.from_buffer(wbytes[r]),
-                                            ffi.from_buffer("float[]", y), 256) == lib.PD_OK
+                                            ffi.from_buffer("float[]", y), k) == lib.PD_OK
         assert y.tobytes() == want[r].tobytes()
 
 
@@ -344,12 +502,31 @@ def test_bad_inputs_return_errors():
     assert mm(b"scalar", int(QT.Q4_0), pw, 144, 0, 256, px, 1, py) == E  # no rows
     assert mm(b"scalar", int(QT.Q4_0), pw, 144, 1, 256, px, 0, py) == E  # no columns
     assert mm(b"scalar", int(QT.Q4_0), ffi.NULL, 144, 1, 256, px, 1, py) == E
+    for isa_name in (b"scalar", b"avx2"):
+        if not lib.pd_isa_supported(isa_name):
+            continue
+        for t in K_TYPES:                                            # k % 256 != 0 (but % 32 == 0)
+            row = GGML_QUANT_SIZES[t][1]
+            assert mm(isa_name, int(t), pw, row, 1, 128, px, 1, py) == E
+            assert mm(isa_name, int(t), pw, 2 * row, 1, 384, px, 1, py) == E
+            assert mm(isa_name, int(t), pw, row - 1, 1, 256, px, 1, py) == E  # stride < row bytes
+            assert mm(isa_name, int(t), pw, row, 1, 256, px, 1, py) == lib.PD_OK
+        for t in (QT.Q8_K, QT.IQ2_XXS, QT.IQ4_NL, QT.IQ4_XS, QT.IQ1_M, QT.TQ2_0, QT.MXFP4):
+            assert mm(isa_name, int(t), pw, 144, 1, 256, px, 1, py) == E   # no kernel
     q = lib.pd_kernel_quantize_q8
     assert q(b"scalar", px, pw, 33) == E and q(b"scalar", px, pw, 0) == E
     assert q(b"foo", px, pw, 32) == E
+    qk = _quantize_q8k
+    for bad_k in (0, 32, 128, 257, -256):
+        assert qk(b"scalar", x.ctypes.data, w.ctypes.data, bad_k) == E
+    assert qk(b"foo", x.ctypes.data, w.ctypes.data, 256) == E
+    assert qk(b"scalar", None, w.ctypes.data, 256) == E
     dr = lib.pd_kernel_dequantize_row
     assert dr(99, pw, py, 32) == E and dr(int(QT.Q8_1), pw, py, 32) == E
     assert dr(int(QT.Q4_0), pw, py, 48) == E
+    for t in K_TYPES:
+        assert dr(int(t), pw, py, 32) == E and dr(int(t), pw, py, 384) == E
+    assert dr(int(QT.IQ4_XS), pw, py, 256) == E
     at = lib.pd_kernel_attn
     assert at(b"foo", 0, px, pw, pw, 1, 64, 1.0, py) == E
     assert at(b"scalar", 0, px, pw, pw, 0, 64, 1.0, py) == E
@@ -358,3 +535,17 @@ def test_bad_inputs_return_errors():
     ph = ffi.from_buffer("uint16_t[]", h)
     assert lib.pd_kernel_f32_to_f16(b"foo", ffi.from_buffer("float[]", x), ph, 8) == E
     assert lib.pd_kernel_f32_to_f16(b"scalar", ffi.NULL, ph, 8) == E
+
+
+def test_type_names():
+    """pd_type_name (used in error messages) spells every GGML type id as the gguf package does;
+    retired ids keep their historical names; anything else is "unknown"."""
+    for t in QT:
+        assert _type_name(int(t)).decode() == t.name
+    retired = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8",
+               36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
+    for i in range(40):
+        want = retired[i] if i in retired else QT(i).name
+        assert _type_name(i).decode() == want
+    for i in (-1, 43, 99, 1 << 30):
+        assert _type_name(i).decode() == "unknown"

@@ -7,8 +7,8 @@ that is not a multiple of the kernels' rows per pass, and several weight formats
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFWriter
 from gguf.quants import quantize
 
 N_VOCAB = 263
@@ -62,6 +62,9 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             w.add_tensor(name, a)
         elif t == QT.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
+            block, size = GGML_QUANT_SIZES[t]
+            w.add_tensor(name, rng.integers(0, 256, (rows, cols // block * size), dtype=np.uint8), raw_dtype=t)
         else:
             w.add_tensor(name, quantize(a, t), raw_dtype=t)
 
