@@ -1,0 +1,218 @@
+"""The sampler on synthetic logits (fixed seeds), and every stop condition on scripted logits.
+
+Statistical checks use enough draws that a wrong implementation fails by a wide margin:
+FREQ_TOL is the allowed absolute error of an empirical frequency over N_DRAWS draws (the
+binomial standard deviation is at most 0.5/sqrt(N_DRAWS) = 0.007).
+"""
+import numpy as np
+import pytest
+
+from pydecode.generation import Generation, StopStrings
+from pydecode.sampling import Sampler, SamplingParams, apply_penalties, sample, top_logprobs
+from pydecode.tokenizer import Tokenizer
+
+N_DRAWS = 5000
+FREQ_TOL = 0.03
+
+
+def _draws(logits, n=N_DRAWS, recent=(), **kw):
+    p = SamplingParams(seed=kw.pop("seed", 0), **kw)
+    s = Sampler(p, len(logits))
+    return np.array([sample(logits, p, s, recent) for _ in range(n)])
+
+
+def _softmax(x, t=1.0):
+    z = np.exp((x - x.max()) / t)
+    return z / z.sum()
+
+
+@pytest.fixture(scope="module")
+def logits():
+    return (np.random.default_rng(3).standard_normal(50_000) * 2).astype(np.float32)
+
+
+def test_greedy_and_near_zero_temperature(logits):
+    assert set(_draws(logits, 50, temperature=0.0)) == {int(np.argmax(logits))}
+    assert set(_draws(logits, 50, temperature=1e-4)) == {int(np.argmax(logits))}
+
+
+def test_top_k_never_leaves_the_k_best(logits):
+    best = set(np.argsort(-logits)[:5].tolist())
+    d = _draws(logits, 2000, temperature=5.0, top_k=5)
+    assert set(d.tolist()) <= best and len(set(d.tolist())) == 5
+
+
+def test_top_p_cuts_the_mass(logits):
+    small = logits[:40].copy()
+    p = _softmax(small)
+    order = np.argsort(-p)
+    nucleus = order[:int(np.searchsorted(np.cumsum(p[order]), 0.6)) + 1]
+    d = _draws(small, temperature=1.0, top_p=0.6)
+    assert set(d.tolist()) == set(nucleus.tolist())
+    # within the nucleus, frequencies follow the renormalized probabilities
+    q = p[nucleus] / p[nucleus].sum()
+    for tok, want in zip(nucleus, q):
+        assert abs(np.mean(d == tok) - want) < FREQ_TOL
+
+
+def test_top_p_over_a_flat_large_vocabulary():
+    """The nucleus needs far more than the first candidate list: the list must grow."""
+    flat = np.zeros(100_000, np.float32)
+    flat[:10] = 1.0
+    d = _draws(flat, 300, temperature=1.0, top_p=0.5)
+    assert len(set(d.tolist())) > 256           # a cut after 256 candidates would give <= 256
+
+
+def test_min_p_threshold(logits):
+    small = logits[:60].copy()
+    p = _softmax(small, 0.7)
+    allowed = set(np.flatnonzero(p >= 0.2 * p.max()).tolist())
+    d = _draws(small, temperature=0.7, min_p=0.2)
+    assert set(d.tolist()) == allowed
+
+
+def test_temperature_frequencies_match_softmax_including_the_tail():
+    """Plain temperature sampling over a vocabulary whose tail (outside the first candidate
+    list) holds most of the mass: exercises the C tail scan."""
+    x = np.zeros(20_000, np.float32)
+    x[:3] = [3.0, 2.0, 1.0]
+    p = _softmax(x)
+    d = _draws(x, temperature=1.0)
+    for tok in range(3):
+        assert abs(np.mean(d == tok) - p[tok]) < FREQ_TOL
+    assert abs(np.mean(d >= 256) - p[256:].sum()) < FREQ_TOL
+
+
+def test_penalties_change_only_penalized_tokens(logits):
+    recent = [5, 5, 9, 123, 5]
+    p = SamplingParams(temperature=1.0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1)
+    out = apply_penalties(logits, recent, p)
+    changed = set(np.flatnonzero(out != logits).tolist())
+    assert changed == {5, 9, 123}
+    for t, count in ((5, 3), (9, 1)):
+        base = logits[t] / 1.3 if logits[t] > 0 else logits[t] * 1.3
+        assert out[t] == pytest.approx(base - 0.2 * count - 0.1, rel=1e-6)
+    # greedy with a strong repeat penalty avoids the repeated argmax
+    top = int(np.argmax(logits))
+    assert _draws(logits, 1, recent=[top], temperature=0.0, repeat_penalty=1e3)[0] != top
+
+
+def test_seeds(logits):
+    a = _draws(logits, 200, temperature=1.0, seed=1)
+    b = _draws(logits, 200, temperature=1.0, seed=1)
+    c = _draws(logits, 200, temperature=1.0, seed=2)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_logprobs(logits):
+    s = Sampler(SamplingParams(), len(logits))
+    lp, top = top_logprobs(logits, s, 7, 3)
+    ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64) - logits.max()).sum()) - logits.max()
+    assert lp == pytest.approx(ref[7], abs=1e-4)
+    assert [t for t, _ in top] == np.argsort(-logits)[:3].tolist()
+
+
+@pytest.mark.parametrize("kw,name", [({"temperature": float("nan")}, "temperature"), ({"top_k": -1}, "top_k"),
+                                     ({"top_p": 0.0}, "top_p"), ({"min_p": -0.1}, "min_p"),
+                                     ({"repeat_penalty": 0.0}, "repeat_penalty"), ({"repeat_last_n": -1}, "repeat_last_n"),
+                                     ({"seed": 1.5}, "seed"), ({"temperature": "hot"}, "temperature")])
+def test_bad_parameters(kw, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kw)
+
+
+# ---------------- stop conditions on scripted logits ----------------
+
+class ScriptedModel:
+    """Stands in for Model: each step's logits put all mass on the next scripted token."""
+
+    def __init__(self, tokenizer, script, n_ctx=64):
+        self.tokenizer, self.script, self.n_ctx = tokenizer, list(script), n_ctx
+        self.n_vocab = tokenizer.vocab_size
+        self.steps = 0
+
+    def _next(self):
+        x = np.zeros(self.n_vocab, np.float32)
+        x[self.script[min(self.steps, len(self.script) - 1)]] = 100.0
+        self.steps += 1
+        return x
+
+    def prefill(self, tokens, pos=0, all_logits=False):
+        return self._next()
+
+    def decode_step(self, token, pos):
+        return self._next()
+
+
+@pytest.fixture(scope="module")
+def tok(smollm_path):
+    from pydecode.gguf_file import GGUFFile
+
+    return Tokenizer.from_metadata(GGUFFile(smollm_path).metadata)
+
+
+def _run(tok, script, max_tokens=50, stop=None, n_ctx=64, cancel_after=None):
+    g = Generation(ScriptedModel(tok, script, n_ctx), tok.encode("Hi"), [], max_tokens, SamplingParams(), stop=stop)
+    pieces = []
+    for piece in g:
+        pieces.append(piece.text)
+        if cancel_after is not None and len(pieces) == cancel_after:
+            g.cancel()
+    return g.completion, pieces
+
+
+def test_stop_string_split_over_three_tokens(tok):
+    ids = [tok.encode(w, add_special=False)[0] for w in ["Hello", " wor", "ld", " E", "N", "D", " more"]]
+    assert len(ids) == 7
+    out, pieces = _run(tok, ids, stop=["wor" + "ld EN"])   # spans " wor" | "ld" | " E" | "N"
+    assert out.finish_reason == "stop" and "stop string" in out.stop_detail
+    assert out.text == "Hello " and "".join(pieces) == "Hello "
+    assert not any("wor" in p for p in pieces)              # held back, never emitted
+
+
+def test_held_text_released_when_the_stop_does_not_complete(tok):
+    ids = [tok.encode(w, add_special=False)[0] for w in ["Hello", " wor", "ry"]] + [tok.eos_id]
+    out, pieces = _run(tok, ids, stop=["world"])
+    assert out.text == "Hello worry" and "".join(pieces) == "Hello worry" and out.finish_reason == "stop"
+
+
+def test_multibyte_character_split_over_two_tokens(tok):
+    # "é" is two bytes; byte-level BPE has a token for each byte on its own
+    b1, b2 = "é".encode()
+    byte_tok = {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    script = [byte_tok[bytes([b1])], byte_tok[bytes([b2])], tok.eos_id]
+    out, pieces = _run(tok, script)
+    assert out.text == "é" and "\ufffd" not in "".join(pieces)
+    assert pieces[0] == "" and pieces[1] == "é"            # emitted once complete, exactly once
+    out, _ = _run(tok, script, stop=["é"])
+    assert out.text == "" and out.finish_reason == "stop"
+
+
+def test_eog_max_tokens_context_and_cancel(tok):
+    word = tok.encode(" yes", add_special=False)[0]
+    out, _ = _run(tok, [word, word, tok.eos_id])
+    assert out.finish_reason == "stop" and out.tokens == [word, word] and "end-of-generation" in out.stop_detail
+    out, _ = _run(tok, [word], max_tokens=5)
+    assert out.finish_reason == "length" and len(out.tokens) == 5 and out.stop_detail == "max_tokens=5"
+    out, _ = _run(tok, [word], n_ctx=len(tok.encode("Hi")) + 3)
+    assert out.finish_reason == "length" and "context full" in out.stop_detail
+    out, _ = _run(tok, [word], cancel_after=3)
+    assert out.finish_reason == "cancelled" and len(out.tokens) == 3 and out.text == " yes" * 3
+
+
+def test_abandoned_stream_is_closed_cleanly(tok):
+    word = tok.encode(" yes", add_special=False)[0]
+    g = Generation(ScriptedModel(tok, [word]), tok.encode("Hi"), [], 50, SamplingParams())
+    next(g), next(g)
+    g.close()
+    assert g.completion.finish_reason == "cancelled" and len(g.completion.tokens) == 2
+
+
+def test_stop_strings_unit():
+    s = StopStrings(["\n\n", "END"])
+    assert s.feed("a\n") == ("a", None)
+    assert s.feed("b") == ("\nb", None)
+    assert s.feed("EN") == ("", None)
+    assert s.feed("D!") == ("", "END")
+    with pytest.raises(ValueError, match="stop"):
+        StopStrings([""])
