@@ -43,6 +43,11 @@ struct pd_model {
     float *scores;   /* per thread [n_ctx] */
     float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
     size_t max_in, xq_stride, xqk_stride;
+    pd_phase *phases;   /* one step's phases (threadpool.h), reset per step */
+    int n_phases;
+    uint32_t epoch;
+    void *step;         /* the current step_ctx: lives here, not on a stack, so a lagging worker
+                           never reads freed memory */
     char err[256];
 };
 
@@ -53,6 +58,7 @@ typedef struct {
     int n, pos;
     float *logits;
     int all_logits;
+    uint32_t epoch;
 } step_ctx;
 
 static int set_err(char *buf, int len, const char *fmt, ...) {
@@ -135,16 +141,34 @@ static void quantize_row(pd_model *m, int t, int n_in) {
     if (m->need_q8k && n_in % PD_QKK == 0) m->k->quantize_q8k(src, m->xqk + (size_t)t * m->xqk_stride, n_in);
 }
 
-static void norm_inputs(pd_model *m, const float *src, size_t src_stride, const pd_tensor *w,
-                        int n_in, int n, int ith, int nth) {
-    int t0, t1;
-    pd_split(n, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
-        float *dst = m->xn + (size_t)t * m->max_in;
-        if (w) rmsnorm(dst, src + (size_t)t * src_stride, (const float *)w->data, n_in, m->c.norm_eps);
-        else memcpy(dst, src + (size_t)t * src_stride, (size_t)n_in * sizeof(float));
-        quantize_row(m, t, n_in);
-    }
+/* xn[t] = rmsnorm(src[t]) (or a copy), quantized: the input of the next matmuls, one token. */
+static void norm_input(pd_model *m, const float *src, size_t src_stride, const pd_tensor *w, int n_in, int t) {
+    float *dst = m->xn + (size_t)t * m->max_in;
+    if (w) rmsnorm(dst, src + (size_t)t * src_stride, (const float *)w->data, n_in, m->c.norm_eps);
+    else memcpy(dst, src + (size_t)t * src_stride, (size_t)n_in * sizeof(float));
+    quantize_row(m, t, n_in);
+}
+
+/* ---------------- phases: work shared in chunks (threadpool.h) ---------------- */
+
+/* Rows per chunk depend on the matrix only (never on the thread count), so every row is computed
+ * the same way whatever the threads: results are identical across thread counts. */
+static int chunk_rows(int rows) {
+    int c = (rows / 64 + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    return c < 16 ? 16 : (c > 1024 ? 1024 : c);
+}
+
+#define N_CHUNKS(rows, ch) (((rows) + (ch) - 1) / (ch))
+/* for each chunk c of this phase that this thread takes: ... ; then wait for the phase */
+#define FOR_CHUNKS(w, n, c) for (int c; ((c) = pd_chunk((w), (n))) >= 0; pd_chunk_done(w))
+#define END_PHASE(w, n) do { if (pd_phase_end((w), (n))) return -1; } while (0)
+
+/* Per-token phase: norm (or copy) + quantize every token's input row. */
+static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride, const pd_tensor *nw,
+                      int n_in, int n) {
+    FOR_CHUNKS(w, n, t) norm_input(m, src, stride, nw, n_in, t);
+    END_PHASE(w, n);
+    return 0;
 }
 
 /* ---------------- attention ---------------- */
@@ -188,56 +212,63 @@ static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, 
     }
 }
 
-/* x += tmp (the block's output) for rows [r0, r1) this thread computed; with a post-norm
- * (gemma) the whole row must be normalized first, so that waits for every thread's rows. */
-static void residual_add(pd_model *m, int n, const pd_tensor *post_norm, int r0, int r1, int ith, int nth) {
+/* Rows [r0, r1) of a block's output (tmp) into the residual stream, for every token. */
+static void residual_rows(pd_model *m, int n, int r0, int r1) {
     int d = m->c.n_embd;
-    if (!post_norm->data) {
-        for (int t = 0; t < n; t++)
-            for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
-        return;
+    for (int t = 0; t < n; t++)
+        for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
+}
+
+/* A matmul whose output goes into the residual stream: x += W @ xn, or, with a post-norm (gemma),
+ * x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
+static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *post_norm, int n) {
+    int d = m->c.n_embd, ch = chunk_rows(d), nc = N_CHUNKS(d, ch);
+    FOR_CHUNKS(w, nc, c) {
+        int r0 = c * ch, r1 = r0 + ch < d ? r0 + ch : d;
+        matmul_rows(m, wt, r0, r1, n, m->tmp, d);
+        if (!post_norm->data) residual_rows(m, n, r0, r1);
     }
-    pd_barrier(m->pool);
-    int t0, t1;
-    pd_split(n, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
+    END_PHASE(w, nc);
+    if (!post_norm->data) return 0;
+    FOR_CHUNKS(w, n, t) {
         float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
         rmsnorm(y, y, (const float *)post_norm->data, d, m->c.norm_eps);
         for (int i = 0; i < d; i++) x[i] += y[i];
     }
+    END_PHASE(w, n);
+    return 0;
 }
 
 /* ---------------- one layer, all threads ---------------- */
 
-static void layer_forward(step_ctx *s, int l, int ith, int nth) {
+static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     pd_model *m = s->m;
     const pd_config *c = &m->c;
     int n = s->n, d = c->n_embd, hd = c->head_dim;
     int qd = c->n_head * hd, kvd = c->n_head_kv * hd, nff = c->n_ff;
-    int r0, r1;
 
     /* 1. attention norm -> quantized input */
-    norm_inputs(m, m->x, d, LT(m, l, PD_ATTN_NORM), d, n, ith, nth);
-    pd_barrier(m->pool);
+    if (phase_norm(w, m, m->x, d, LT(m, l, PD_ATTN_NORM), d, n)) return -1;
 
-    /* 2. Q, K, V in one pass over the concatenated rows (they share the input). */
-    pd_split(qd + 2 * kvd, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(m, LT(m, l, PD_WQ), r0 < qd ? r0 : qd, r1 < qd ? r1 : qd, n, m->q, qd);
-    {
-        int a = r0 - qd, b = r1 - qd;
-        a = a < 0 ? 0 : (a > kvd ? kvd : a); b = b < 0 ? 0 : (b > kvd ? kvd : b);
-        matmul_rows(m, LT(m, l, PD_WK), a, b, n, m->kk, kvd);
-        a = r0 - qd - kvd; b = r1 - qd - kvd;
-        a = a < 0 ? 0 : (a > kvd ? kvd : a); b = b < 0 ? 0 : (b > kvd ? kvd : b);
-        matmul_rows(m, LT(m, l, PD_WV), a, b, n, m->vv, kvd);
+    /* 2. Q, K, V in one phase over the concatenated rows (they share the input) */
+    int rows = qd + 2 * kvd, ch = chunk_rows(rows), nc = N_CHUNKS(rows, ch);
+    FOR_CHUNKS(w, nc, ci) {
+        int r0 = ci * ch, r1 = r0 + ch < rows ? r0 + ch : rows;
+        const pd_tensor *t[3] = { LT(m, l, PD_WQ), LT(m, l, PD_WK), LT(m, l, PD_WV) };
+        float *out[3] = { m->q, m->kk, m->vv };
+        int base[3] = { 0, qd, qd + kvd }, len[3] = { qd, kvd, kvd };
+        for (int j = 0; j < 3; j++) {
+            int a = r0 - base[j], b = r1 - base[j];
+            a = a < 0 ? 0 : (a > len[j] ? len[j] : a);
+            b = b < 0 ? 0 : (b > len[j] ? len[j] : b);
+            matmul_rows(m, t[j], a, b, n, out[j], len[j]);
+        }
     }
-    pd_barrier(m->pool);
+    END_PHASE(w, nc);
 
-    /* 3. biases, per-head Q/K norms, RoPE, then append_kv (per token). */
+    /* 3. biases, per-head Q/K norms, RoPE, then append_kv (per token) */
     int local = layer_is_local(c, l);
-    int t0, t1;
-    pd_split(n, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
+    FOR_CHUNKS(w, n, t) {
         const float *cs = m->rope_cs + ((size_t)t * 2 + (local ? 1 : 0)) * c->rope_dim;
         float *q = m->q + (size_t)t * qd, *kk = m->kk + (size_t)t * kvd, *vv = m->vv + (size_t)t * kvd;
         const pd_tensor *bq = LT(m, l, PD_BQ), *bk = LT(m, l, PD_BK), *bv = LT(m, l, PD_BV);
@@ -255,57 +286,49 @@ static void layer_forward(step_ctx *s, int l, int ith, int nth) {
         }
         append_kv(m, l, s->pos + t, kk, vv);
     }
-    pd_barrier(m->pool);
+    END_PHASE(w, n);
 
-    /* 4. attention: (token, head) pairs split across threads; causal, optional sliding window. */
+    /* 4. attention: one (token, head) pair per chunk; causal, optional sliding window */
     float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
     int group = c->n_head / c->n_head_kv;
-    float *scores = m->scores + (size_t)ith * c->n_ctx;
-    pd_split(n * c->n_head, ith, nth, 1, &r0, &r1);
-    for (int i = r0; i < r1; i++) {
+    FOR_CHUNKS(w, n * c->n_head, i) {
         int t = i / c->n_head, h = i % c->n_head, p = s->pos + t;
         int lo = local && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
-        attend(m, l, h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale, scores,
-               m->att + (size_t)t * qd + h * hd);
+        attend(m, l, h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale,
+               m->scores + (size_t)w->ith * c->n_ctx, m->att + (size_t)t * qd + h * hd);
     }
-    pd_barrier(m->pool);
+    END_PHASE(w, n * c->n_head);
 
-    /* 5. output projection, (post-attention norm), residual add */
-    norm_inputs(m, m->att, qd, NULL, qd, n, ith, nth);
-    pd_barrier(m->pool);
-    pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(m, LT(m, l, PD_WO), r0, r1, n, m->tmp, d);
-    residual_add(m, n, LT(m, l, PD_POST_ATTN_NORM), r0, r1, ith, nth);
-    pd_barrier(m->pool);
+    /* 5. output projection (+ post-attention norm) into the residual stream */
+    if (phase_norm(w, m, m->att, qd, NULL, qd, n)) return -1;
+    if (phase_residual_matmul(w, m, LT(m, l, PD_WO), LT(m, l, PD_POST_ATTN_NORM), n)) return -1;
 
-    /* 6. FFN: norm, gate and up in one pass (same rows -> activation fused), down, residual */
-    norm_inputs(m, m->x, d, LT(m, l, PD_FFN_NORM), d, n, ith, nth);
-    pd_barrier(m->pool);
-    pd_split(nff, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(m, LT(m, l, PD_GATE), r0, r1, n, m->gate, nff);
-    matmul_rows(m, LT(m, l, PD_UP), r0, r1, n, m->up, nff);
-    for (int t = 0; t < n; t++) {
-        float *g = m->gate + (size_t)t * nff, *u = m->up + (size_t)t * nff;
-        for (int i = r0; i < r1; i++) g[i] = (c->act_gelu ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+    /* 6. FFN: norm; gate and up in one phase (same rows -> the activation is fused); down */
+    if (phase_norm(w, m, m->x, d, LT(m, l, PD_FFN_NORM), d, n)) return -1;
+    ch = chunk_rows(nff);
+    nc = N_CHUNKS(nff, ch);
+    FOR_CHUNKS(w, nc, ci) {
+        int r0 = ci * ch, r1 = r0 + ch < nff ? r0 + ch : nff;
+        matmul_rows(m, LT(m, l, PD_GATE), r0, r1, n, m->gate, nff);
+        matmul_rows(m, LT(m, l, PD_UP), r0, r1, n, m->up, nff);
+        for (int t = 0; t < n; t++) {
+            float *g = m->gate + (size_t)t * nff, *u = m->up + (size_t)t * nff;
+            for (int i = r0; i < r1; i++) g[i] = (c->act_gelu ? gelu_tanh(g[i]) : silu(g[i])) * u[i];
+        }
     }
-    pd_barrier(m->pool);
-    norm_inputs(m, m->gate, nff, NULL, nff, n, ith, nth);
-    pd_barrier(m->pool);
-    pd_split(d, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(m, LT(m, l, PD_DOWN), r0, r1, n, m->tmp, d);
-    residual_add(m, n, LT(m, l, PD_POST_FFN_NORM), r0, r1, ith, nth);
-    pd_barrier(m->pool);
+    END_PHASE(w, nc);
+    if (phase_norm(w, m, m->gate, nff, NULL, nff, n)) return -1;
+    return phase_residual_matmul(w, m, LT(m, l, PD_DOWN), LT(m, l, PD_POST_FFN_NORM), n);
 }
 
-static void forward_task(void *ctx, int ith, int nth) {
-    step_ctx *s = ctx;
+/* Everything one thread does for a step; returns -1 if it fell behind an already finished step. */
+static int forward(pd_worker *w, step_ctx *s) {
     pd_model *m = s->m;
     const pd_config *c = &m->c;
-    int n = s->n, d = c->n_embd, t0, t1, r0, r1;
+    int n = s->n, d = c->n_embd;
 
-    /* embeddings: one row of the (quantized) table per token, scaled for gemma */
-    pd_split(n, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
+    /* embeddings: one row of the (quantized) table per token, scaled for gemma; RoPE tables */
+    FOR_CHUNKS(w, n, t) {
         const pd_tensor *e = &m->g[PD_TOK_EMBD];
         float *x = m->x + (size_t)t * d;
         pd_dequantize_row(e->type, (const char *)e->data + (size_t)s->tokens[t] * e->row_bytes, x, d);
@@ -316,23 +339,35 @@ static void forward_task(void *ctx, int ith, int nth) {
         rope_table(cs + c->rope_dim, c->rope_dim, s->pos + t,
                    c->rope_base_local > 0 ? c->rope_base_local : c->rope_base);
     }
-    pd_barrier(m->pool);
+    END_PHASE(w, n);
 
-    for (int l = 0; l < c->n_layer; l++) layer_forward(s, l, ith, nth);
+    for (int l = 0; l < c->n_layer; l++)
+        if (layer_forward(w, s, l)) return -1;
 
     /* final norm and output head: only the positions whose logits are wanted */
+    if (!s->logits) return 0;
     int first = s->all_logits ? 0 : n - 1, n_out = n - first;
-    if (!s->logits) return;
-    pd_split(n_out, ith, nth, 1, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
-        float *dst = m->xn + (size_t)t * m->max_in;
-        rmsnorm(dst, m->x + (size_t)(first + t) * d, (const float *)m->g[PD_OUTPUT_NORM].data, d, c->norm_eps);
+    FOR_CHUNKS(w, n_out, t) {
+        rmsnorm(m->xn + (size_t)t * m->max_in, m->x + (size_t)(first + t) * d,
+                (const float *)m->g[PD_OUTPUT_NORM].data, d, c->norm_eps);
         quantize_row(m, t, d);
     }
-    pd_barrier(m->pool);
+    END_PHASE(w, n_out);
     const pd_tensor *out = m->g[PD_OUTPUT].data ? &m->g[PD_OUTPUT] : &m->g[PD_TOK_EMBD];
-    pd_split(c->n_vocab, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
+    int ch = chunk_rows(c->n_vocab), nc = N_CHUNKS(c->n_vocab, ch);
+    FOR_CHUNKS(w, nc, ci) {
+        int r0 = ci * ch, r1 = r0 + ch < c->n_vocab ? r0 + ch : c->n_vocab;
+        matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
+    }
+    END_PHASE(w, nc);
+    return 0;
+}
+
+static void forward_task(void *ctx, int ith, int nth) {
+    step_ctx *s = ctx;
+    (void)nth;
+    pd_worker w = { s->m->phases, s->epoch, 0, ith };
+    forward(&w, s);
 }
 
 /* ---------------- public API ---------------- */
@@ -351,9 +386,11 @@ static int run_step(pd_model *m, const int32_t *tokens, int n, int pos, float *l
     for (int done = 0; done < n;) {
         int chunk = n - done < m->c.n_batch ? n - done : m->c.n_batch;
         int last = done + chunk == n;
-        step_ctx s = { m, tokens + done, chunk, pos + done,
-                       all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL), all };
-        pd_pool_run(m->pool, forward_task, &s);
+        step_ctx *s = m->step;
+        *s = (step_ctx){ m, tokens + done, chunk, pos + done,
+                         all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL), all, ++m->epoch };
+        pd_phases_reset(m->phases, m->n_phases, s->epoch);
+        pd_pool_run_async(m->pool, forward_task, s);
         done += chunk;
     }
     return PD_OK;
@@ -453,6 +490,7 @@ void pd_model_free(pd_model *m) {
     free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
+    free(m->phases); free(m->step);
     free(m);
 }
 
@@ -512,9 +550,12 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->tmp = malloc((size_t)nb * d * sizeof(float));
         m->scores = malloc((size_t)m->c.n_threads * cfg->n_ctx * sizeof(float));
         m->rope_cs = malloc((size_t)nb * 2 * (m->c.rope_dim > 0 ? m->c.rope_dim : 2) * sizeof(float));
+        m->n_phases = 4 + 12 * cfg->n_layer;
+        m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
+        m->step = calloc(1, sizeof(step_ctx));
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
-             m->tmp && m->scores && m->rope_cs && m->pool;
+             m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool;
     }
     if (!ok) {
         set_err(err, err_len, "out of memory allocating the KV cache (%zu bytes) and scratch", m->kv_bytes);

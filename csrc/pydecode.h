@@ -84,6 +84,9 @@ int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, cons
 float pd_max_f32(const float *x, int n);
 double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift);
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals);
+/* Read bandwidth in GB/s (best of reps) streaming a buffer of `bytes` with n_threads (bandwidth.c). */
+double pd_probe_read_bandwidth(size_t bytes, int n_threads, int reps);
+
 int pd_draw_tail(const float *x, int n, float scale, float shift, const int32_t *skip, int n_skip,
                  double target);
 #endif

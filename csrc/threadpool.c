@@ -116,6 +116,55 @@ void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
     }
 }
 
+void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx) {
+    if (p->n == 1) { fn(ctx, 0, 1); return; }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_fetch_add(&p->generation, 1);  /* seq_cst: pairs with the sleeping check */
+    if (atomic_load(&p->sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(ctx, 0, p->n);
+}
+
+void pd_phases_reset(pd_phase *ph, int n, uint32_t epoch) {
+    uint64_t e = (uint64_t)epoch << 32;
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit(&ph[i].next, e, memory_order_relaxed);
+        atomic_store_explicit(&ph[i].done, e, memory_order_relaxed);
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+int pd_chunk(pd_worker *w, int n_chunks) {
+    pd_phase *ph = &w->phases[w->idx];
+    uint64_t cur = atomic_load_explicit(&ph->next, memory_order_relaxed);
+    for (;;) {
+        if ((uint32_t)(cur >> 32) != w->epoch || (int)(uint32_t)cur >= n_chunks) return -1;
+        if (atomic_compare_exchange_weak_explicit(&ph->next, &cur, cur + 1, memory_order_acq_rel,
+                                                  memory_order_relaxed))
+            return (int)(uint32_t)cur;
+    }
+}
+
+void pd_chunk_done(pd_worker *w) {
+    atomic_fetch_add_explicit(&w->phases[w->idx].done, 1, memory_order_release);
+}
+
+int pd_phase_end(pd_worker *w, int n_chunks) {
+    pd_phase *ph = &w->phases[w->idx++];
+    uint64_t want = ((uint64_t)w->epoch << 32) | (uint32_t)n_chunks;
+    int spins = 0;
+    for (;;) {
+        uint64_t d = atomic_load_explicit(&ph->done, memory_order_acquire);
+        if (d == want) return 0;
+        if ((uint32_t)(d >> 32) != w->epoch) return -1;
+        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+    }
+}
+
 void pd_barrier(pd_pool *p) {
     if (p->n == 1) return;
     int phase = atomic_load_explicit(&p->bar_phase, memory_order_acquire);

@@ -15,6 +15,34 @@ void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx);
 /* Inside a task: waits until every thread of the pool has reached it. */
 void pd_barrier(pd_pool *p);
 
+/* Dynamic work sharing inside a step. A phase is n chunks taken by whichever threads come; a
+ * thread that runs out of chunks waits only for the chunks still in flight, never for a thread
+ * that has not arrived, so a descheduled thread (oversubscription) costs at most its own chunk.
+ * Counters carry the step's epoch: a thread that lags behind a finished step sees a newer epoch
+ * and drops out instead of touching the new step's work. */
+#include <stdint.h>
+#include <stdatomic.h>
+
+typedef struct {
+    _Atomic uint64_t next;   /* epoch << 32 | next chunk to hand out */
+    _Atomic uint64_t done;   /* epoch << 32 | chunks finished */
+    char pad[48];            /* one cache line per phase */
+} pd_phase;
+
+typedef struct { pd_phase *phases; uint32_t epoch; int idx; int ith; } pd_worker;
+
+/* Resets phases [0, n) for a new step with this epoch (before pd_pool_run). */
+void pd_phases_reset(pd_phase *phases, int n, uint32_t epoch);
+/* The next chunk of the current phase, or -1 when none are left (or the step is over). */
+int pd_chunk(pd_worker *w, int n_chunks);
+void pd_chunk_done(pd_worker *w);
+/* Waits until all n_chunks of the current phase are done and moves to the next phase.
+ * Returns 0, or -1 if this thread lags behind a step that already ended (it must return). */
+int pd_phase_end(pd_worker *w, int n_chunks);
+/* Runs fn on every thread like pd_pool_run but returns as soon as the caller's own fn returns:
+ * the step's phases tell when the work is done, late workers drop out by epoch. */
+void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx);
+
 /* The [start, end) share of n items for thread ith of nth, in multiples of `align`. */
 static inline void pd_split(int n, int ith, int nth, int align, int *start, int *end) {
     int units = (n + align - 1) / align;

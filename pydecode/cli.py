@@ -51,8 +51,8 @@ def main():
 
 _model_opt = click.option("-m", "--model", default=DEFAULT_MODEL, show_default=True,
                           help="Registry name (fetched on first use) or path to a .gguf file.")
-_threads_opt = click.option("-t", "--threads", type=int, default=None, help="Threads (default: physical cores).")
-_ctx_opt = click.option("-c", "--ctx", "n_ctx", type=int, default=None, help="Context size in tokens.")
+_threads_opt = click.option("-t", "--threads", type=click.IntRange(1, 512), default=None, help="Threads (default: physical cores).")
+_ctx_opt = click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=1), default=None, help="Context size in tokens.")
 _isa_opt = click.option("--isa", default=None, help="Force kernels: scalar, avx2 (default: best for this CPU, or $PYDECODE_ISA).")
 
 
@@ -99,9 +99,9 @@ def _ctrl_c_cancels(stream):
 
     def on_sigint(signum, frame):
         hits.append(signum)
-        if len(hits) > 1:
-            raise KeyboardInterrupt
         stream.cancel()
+        if len(hits) == 2:                  # e.g. stuck in a long prefill: interrupt it
+            raise KeyboardInterrupt
 
     try:
         old = signal.signal(signal.SIGINT, on_sigint)
@@ -124,7 +124,7 @@ def _consume(stream, write=None):
                     write(piece.text)
         except KeyboardInterrupt:           # landed outside the stream's own step: end it ourselves
             stream.cancel()
-            for piece in stream:
+            for piece in stream:            # (cancelled: only text it held back comes out)
                 if write is not None and piece.text:
                     write(piece.text)
     return stream.completion

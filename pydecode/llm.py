@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .chat import render
+from .chat import fallback_template, render
 from .generation import Completion, Generation
 from .model import Model
 from .registry import resolve
@@ -84,7 +84,7 @@ class LLM:
         meta = self.model.gguf.metadata
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
-        return render(messages, meta.get("tokenizer.chat_template"), bos_token=bos, eos_token=eos,
+        return render(messages, meta.get("tokenizer.chat_template") or fallback_template(tok), bos_token=bos, eos_token=eos,
                       add_generation_prompt=add_generation_prompt)
 
     def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Completion:
