@@ -480,6 +480,46 @@ def pull(name, force):
     click.echo(str(path))
 
 
+@main.command()
+@click.option("-m", "--model", default=DEFAULT_MODEL, show_default=True,
+              help="Registry name (fetched on first use) or path to a .gguf file.")
+@click.option("-t", "--threads", type=int, multiple=True, help="Thread counts (repeatable; default 1 and all physical cores).")
+@click.option("-r", "--reps", default=5, show_default=True, help="Repetitions per test (after a warm-up).")
+@click.option("-p", "--n-prompt", default=64, show_default=True, help="Prompt tokens for the pp test (0: skip).")
+@click.option("-n", "--n-gen", default=128, show_default=True, help="Tokens for the tg test.")
+@click.option("-d", "--depth", type=int, multiple=True, help="Context depths for tg (repeatable; e.g. -d 0 -d 512 -d 2048).")
+@click.option("--bandwidth", is_flag=True, help="Probe read bandwidth and show %% of it reached by tg.")
+@click.option("--compare", type=click.Choice(["llama-cpp-python"]), default=None,
+              help="A/B against llama-cpp-python on the same file (must be installed).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@_isa_opt
+def bench(model, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, as_json, isa):
+    """Speed of MODEL, llama-bench style: pp / tg tokens/s (mean ± std), roofline, depth sweep."""
+    import json as _json
+
+    from . import bench as _bench
+    from .model import physical_cores
+
+    try:
+        path = registry.resolve(model)
+        threads = list(threads) or sorted({1, physical_cores()})
+        if reps < 1 or n_gen < 1 or n_prompt < 0 or any(t < 1 for t in threads) or any(x < 0 for x in depth):
+            raise click.BadParameter("reps, n-gen and threads must be >= 1; n-prompt and depths >= 0")
+        if compare:
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                raise click.UsageError("--compare llama-cpp-python needs the llama-cpp-python package installed")
+        lines = []
+        result = _bench.run(path, threads, reps=reps, n_prompt=n_prompt, n_gen=n_gen, depths=tuple(depth) or (0,),
+                            bandwidth=bandwidth, compare=compare, isa=isa,
+                            echo=(lines.append if as_json else click.echo))
+    except (PydecodeError, ValueError, OSError) as e:
+        _fail(e)
+    if as_json:
+        click.echo(_json.dumps(result, default=str))
+
+
 @main.command("list")
 def list_models():
     """Models in the registry (and whether they are downloaded)."""

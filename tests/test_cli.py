@@ -236,3 +236,18 @@ def test_chat_terminal_double_ctrl_c_quits(smollm_path):
         assert t.wait() == 0
     finally:
         t.kill()
+
+
+def test_bench_smoke(smollm_path):
+    """The bench command once with tiny settings (no assertion on speed)."""
+    import json
+
+    r = _cli("bench", "-m", str(smollm_path), "-t", "1", "-r", "1", "-p", "8", "-n", "4", "-d", "0", "-d", "16",
+             "--bandwidth")
+    assert r.returncode == 0, r.stderr
+    assert "| model | size | params | backend | threads | test | t/s |" in r.stdout and "tg4 @ d16" in r.stdout
+    assert "read bandwidth" in r.stdout and "python share" in r.stdout
+    r = _cli("bench", "-m", str(smollm_path), "-t", "2", "-r", "1", "-p", "0", "-n", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["rows"][0]["test"] == "tg4" and d["rows"][0]["mean"] > 0
