@@ -84,9 +84,9 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 
 /* cos/sin of pos * base^(-2i/rope_dim) for the rope_dim/2 pairs, computed once per token and
  * base per step and shared by every head of every layer. */
-static void rope_table(float *cs, int rope_dim, double pos, float base) {
+static void rope_table(float *cs, int rope_dim, double pos, float base, const float *freq_div) {
     for (int i = 0; i < rope_dim / 2; i++) {
-        double theta = pos * pow(base, -2.0 * i / rope_dim);
+        double theta = pos * pow(base, -2.0 * i / rope_dim) / (freq_div ? freq_div[i] : 1.0f);
         cs[2 * i] = (float)cos(theta);
         cs[2 * i + 1] = (float)sin(theta);
     }
@@ -335,9 +335,9 @@ static int forward(pd_worker *w, step_ctx *s) {
         if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
         float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
         rope_table(cs, c->rope_dim, (double)(s->pos + t) * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
-                   c->rope_base);
+                   c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data);
         rope_table(cs + c->rope_dim, c->rope_dim, s->pos + t,
-                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base);
+                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base, NULL);
     }
     END_PHASE(w, n);
 
@@ -457,6 +457,8 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
         return set_err(err, len, "token_embd.weight must have shape [%d, %d]", d, c->n_vocab);
     if (pd_type_block_size(e->type) <= 0) return set_err(err, len, "token_embd.weight has unsupported type %d", e->type);
     if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm.weight", -1, d, 0, err, len))) return rc;
+    if ((rc = check_vector(&T[PD_ROPE_FREQS], "rope_freqs.weight", -1, c->rope_dim ? c->rope_dim / 2 : c->head_dim / 2, 1, err, len)))
+        return rc;
     const pd_tensor *out = T[PD_OUTPUT].data ? &T[PD_OUTPUT] : e;
     if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output.weight" : "token_embd.weight", -1, d, c->n_vocab, err, len))) return rc;
     for (int l = 0; l < c->n_layer; l++) {

@@ -21,7 +21,8 @@ typedef struct {
 } pd_tensor;
 
 /* Tensor slots: model-wide, then PD_LAYER_SLOTS per layer. Optional slots may be absent. */
-enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_GLOBAL_SLOTS = 3 };
+enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_ROPE_FREQS = 3, PD_GLOBAL_SLOTS = 4 };
+/* PD_ROPE_FREQS (optional, Llama 3.1+): F32[rope_dim/2] divisors of the global layers' RoPE frequencies. */
 enum {
     PD_ATTN_NORM = 0, PD_WQ, PD_WK, PD_WV, PD_WO, PD_BQ, PD_BK, PD_BV, PD_Q_NORM, PD_K_NORM,
     PD_POST_ATTN_NORM, PD_FFN_NORM, PD_GATE, PD_UP, PD_DOWN, PD_POST_FFN_NORM, PD_LAYER_SLOTS

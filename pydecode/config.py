@@ -26,14 +26,14 @@ ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_
                      sliding_window=False, swa_period=0)
 
 # Tensor names of the GGUF convention, by the C core's slot order (csrc/pydecode.h).
-GLOBAL_TENSORS = ["token_embd.weight", "output_norm.weight", "output.weight"]
+GLOBAL_TENSORS = ["token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"]
 LAYER_TENSORS = [
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
     "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
     "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
     "ffn_down.weight", "post_ffw_norm.weight",
 ]
-OPTIONAL_TENSORS = {"output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
+OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
                     "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"}
 
 
@@ -143,6 +143,7 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
     d, qd, kvd = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     want = {
         "token_embd.weight": (d, cfg.n_vocab), "output_norm.weight": (d,), "output.weight": (d, cfg.n_vocab),
+        "rope_freqs.weight": (cfg.rope_dim // 2,),
     }
     layer = {
         "attn_norm.weight": (d,), "attn_q.weight": (d, qd), "attn_k.weight": (d, kvd), "attn_v.weight": (d, kvd),

@@ -86,3 +86,16 @@ def test_iq_tensor_fails_at_load_naming_tensor_and_type(tmp_path):
     write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ4_NL))
     with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ4_NL"):
         pydecode.Model(path, n_ctx=32, n_threads=1)
+
+
+def test_llama3_rope_freqs(tmp_path):
+    """rope_freqs.weight divides the RoPE frequencies: our logits follow the reference with it."""
+    path = tmp_path / "l3.gguf"
+    write_tiny_model(path, "llama", rope_freqs=True)
+    toks = np.random.default_rng(4).integers(0, N_VOCAB, 12).tolist()
+    ref = ReferenceModel(path).logits(toks)
+    ours = pydecode.Model(path, n_ctx=64, n_threads=2).prefill(toks, all_logits=True)
+    assert _rel(ours, ref) <= REL_RMS_TOL
+    plain = ReferenceModel(path)
+    plain.tensors.pop("rope_freqs.weight")
+    assert _rel(plain.logits(toks), ref) > 3 * REL_RMS_TOL   # the factors matter at this size

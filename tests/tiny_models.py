@@ -28,7 +28,8 @@ def _byte_tokens() -> list[str]:
 
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
-                     weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0) -> None:
+                     weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
+                     rope_freqs: bool = False) -> None:
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -75,6 +76,8 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
                  raw_dtype=QT.Q8_0)
     vector("output_norm.weight", n_embd)
+    if rope_freqs:  # Llama 3.1-style per-frequency divisors
+        w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     if arch == "qwen2":  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
