@@ -105,8 +105,11 @@ static void rope(float *v, int rope_dim, int neox, const float *cs) {
     }
 }
 
+/* GELU, tanh approximation, written as x * sigmoid(2z) (== 0.5x(1 + tanh z)): one expf instead
+ * of a tanhf, which is ~2x dearer in glibc and was 4% of a Gemma decode step. */
 static float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    float z2 = 1.5957691216f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-z2));
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
