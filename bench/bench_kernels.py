@@ -44,7 +44,7 @@ def random_weights(qtype, rows, k, rng):
 
 
 def bench(isa, qtype, ws, rows, k, ncols, min_time=0.5):
-    """Best and median seconds per call, cycling through the weight copies ws."""
+    """Seconds per call (a list), cycling through the weight copies ws."""
     x = np.random.default_rng(1).standard_normal((ncols, k)).astype(np.float32)
     y = np.empty((ncols, rows), np.float32)
     calls = [(isa.encode(), int(qtype), ffi.from_buffer(w), w.shape[1], rows, k,
@@ -57,7 +57,7 @@ def bench(isa, qtype, ws, rows, k, ncols, min_time=0.5):
         lib.pd_kernel_matmul(*calls[i % len(calls)])
         times.append(time.perf_counter() - t)
         i += 1
-    return min(times), float(np.median(times))
+    return times
 
 
 def main():
@@ -67,24 +67,44 @@ def main():
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--types", default="Q4_1,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--ncols", default="1")
-    ap.add_argument("--isas", default="scalar,avx2")
+    ap.add_argument("--isas", default="scalar,avx2,avxvnni,avx512")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="the ISAs take turns this many times (others' load hits all alike)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
+    isas = []
+    for isa in args.isas.split(","):
+        if lib.pd_isa_supported(isa.encode()):
+            isas.append(isa)
+        else:
+            print(f"{isa}: not compiled in or not supported by this CPU")
     print(f"{args.rows} x {args.k}, single thread; GB/s = weight bytes / best time (median)")
+    table = []
     for name in args.types.split(","):
         qtype = QT[name]
         w = random_weights(qtype, args.rows, args.k, rng)
         cold = [w] + [w.copy() for _ in range(-(-(256 << 20) // w.nbytes) - 1)]
         for ncols in map(int, args.ncols.split(",")):
-            for isa in args.isas.split(","):
-                if not lib.pd_isa_supported(isa.encode()):
-                    print(f"{name:5s} ncols={ncols:<3d} {isa:7s} not supported here")
-                    continue
-                for label, ws in (("cold", cold), ("hot", [w])):
-                    best, med = bench(isa, qtype, ws, args.rows, args.k, ncols)
+            row = {}
+            for label, ws in (("cold", cold), ("hot", [w])):
+                times = {isa: [] for isa in isas}
+                for _ in range(args.rounds):
+                    for isa in isas:
+                        times[isa] += bench(isa, qtype, ws, args.rows, args.k, ncols,
+                                            min_time=0.5 / args.rounds)
+                for isa in isas:
+                    best, med = min(times[isa]), float(np.median(times[isa]))
+                    row[label, isa] = w.nbytes / best / 1e9
                     print(f"{name:5s} ncols={ncols:<3d} {isa:7s} {label:4s} {best * 1e3:8.3f} ms "
                           f"{w.nbytes / best / 1e9:6.2f} GB/s (median {w.nbytes / med / 1e9:5.2f})"
                           f" {2 * args.rows * args.k * ncols / best / 1e9:6.1f} GFLOP/s")
+            table.append((name, ncols, row))
+    print("\nGB/s (best), one column per ISA:")
+    head = " ".join(f"{isa:>8s}" for isa in isas)
+    print(f"{'type':5s} {'ncols':>5s}  cold: {head}   hot: {head}")
+    for name, ncols, row in table:
+        cells = [" ".join(f"{row[label, isa]:8.2f}" for isa in isas) for label in ("cold", "hot")]
+        print(f"{name:5s} {ncols:5d}        {cells[0]}        {cells[1]}")
 
 
 if __name__ == "__main__":

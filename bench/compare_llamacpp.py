@@ -16,7 +16,8 @@ so positions 1..N, the same near-empty context as llama-bench's tgN (positions 0
 The machine may be shared, so the two tools are interleaved: for each model and thread count,
 --rounds rounds of (llama-bench -r REPS, then pydecode REPS repetitions), the order alternating
 every round, so that a burst of outside load hits both. Every repetition is one sample; the table
-gives the best and the median sample of each tool, and the ratio pydecode / llama.cpp of each.
+gives the best and the median sample of each tool, and the ratio pydecode / llama.cpp of each;
+a row where some median is under 85% of its best is marked noisy (outside load: read the best-of).
 Only one tool runs at a time: pydecode's model (and its thread pool) is closed before llama-bench
 starts, and llama-bench has exited before pydecode starts.
 
@@ -46,6 +47,7 @@ import pydecode  # noqa: E402
 from pydecode.model import Model  # noqa: E402
 from pydecode.registry import resolve  # noqa: E402
 
+NOISY = 0.85  # a row whose median sample is under this share of its best is marked noisy
 DEFAULT_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
 
@@ -150,7 +152,7 @@ def table(results, n_prompt, n_gen) -> str:
     head = ["model", "thr", "depth",
             f"llama.cpp {tg} best / med", f"pydecode {tg} best / med", "ratio best / med",
             f"llama.cpp {pp} best / med", f"pydecode {pp} best / med", "ratio best / med",
-            "MB / token", "GB/s llama.cpp / pydecode (best tg)"]
+            "MB / token", "GB/s llama.cpp / pydecode (best tg)", "noisy"]
     rows = []
     for r in results:
         lt, pt = _stats(r["llama"]["tg"]), _stats(r["pydecode"]["tg"])
@@ -165,10 +167,28 @@ def table(results, n_prompt, n_gen) -> str:
             f"{lp[0]:.1f} / {lp[1]:.1f}", f"{pq[0]:.1f} / {pq[1]:.1f}",
             f"{pq[0] / lp[0]:.2f} / {pq[1] / lp[1]:.2f}",
             f"{bpt / 1e6:.1f}", f"{lt[0] * bpt / 1e9:.1f} / {pt[0] * bpt / 1e9:.1f}",
+            # a median far under the best: outside load hit this row, trust the best-of columns
+            "yes" if min(x[1] / x[0] for x in (lt, pt, lp, pq)) < NOISY else "",
         ])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def pool(files):
+    """The results of several --json files, samples of the same (model, threads, depth) pooled."""
+    merged = {}
+    for fn in files:
+        with open(fn) as f:
+            for r in json.load(f)["results"]:
+                key = (r["model"], r["threads"], r["depth"])
+                if key not in merged:
+                    merged[key] = r
+                else:
+                    for tool in ("llama", "pydecode"):
+                        for k in ("pp", "tg"):
+                            merged[key][tool][k] += r[tool][k]
+    return list(merged.values())
 
 
 def main():
@@ -185,7 +205,13 @@ def main():
     ap.add_argument("-d", "--depth", type=int, nargs="+", default=[0],
                     help="context depths (llama-bench -d); pydecode prefills that many tokens first")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
+    ap.add_argument("--tabulate", nargs="+", metavar="JSON",
+                    help="run nothing: pool the samples of earlier --json files (same model, threads, "
+                         "depth) and print their table")
     a = ap.parse_args()
+    if a.tabulate:
+        print(table(pool(a.tabulate), a.n_prompt, a.n_gen))
+        return
     if not a.llama_bench:
         ap.error("give the llama-bench binary as an argument or in $LLAMA_BENCH (see bench/README.md)")
     if not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):

@@ -1,15 +1,42 @@
 /* Run-time choice of the kernel table: compiled in AND supported by this CPU (and its OS,
- * which must save the wide registers: __builtin_cpu_supports checks that via XGETBV). */
+ * which must save the wide registers). Preference: avx512 > avxvnni > avx2 > scalar.
+ *
+ * OS support: __builtin_cpu_supports reads XCR0 with XGETBV (libgcc's cpuinfo; compiler-rt does
+ * the same) and reports the AVX/AVX2/FMA/AVX-VNNI features only when the OS saves the YMM state,
+ * and the AVX-512 ones only when it also saves the opmask and all 32 ZMM registers (XCR0 bits
+ * 5..7). So no separate XGETBV check is needed here. */
 #include "kernels.h"
 #include "pydecode.h"
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define PD_X86 1
+#endif
+
 static int cpu_has_avx2(void) {
-#if defined(PD_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+#if defined(PD_X86) && (defined(PD_HAVE_AVX2) || defined(PD_HAVE_AVX512) || defined(PD_HAVE_AVXVNNI))
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static int cpu_has_avx512(void) {   /* what kernels_avx512.c is compiled for */
+#if defined(PD_X86) && defined(PD_HAVE_AVX512)
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+static int cpu_has_avxvnni(void) {
+#if defined(PD_X86) && defined(PD_HAVE_AVXVNNI)
+    return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
 #else
     return 0;
 #endif
@@ -21,10 +48,22 @@ static const pd_kernels *by_name(const char *name) {
 #if defined(PD_HAVE_AVX2)
     if (strcmp(name, "avx2") == 0) return cpu_has_avx2() ? &pd_kernels_avx2 : NULL;
 #endif
+#if defined(PD_HAVE_AVXVNNI)
+    if (strcmp(name, "avxvnni") == 0) return cpu_has_avxvnni() ? &pd_kernels_avxvnni : NULL;
+#endif
+#if defined(PD_HAVE_AVX512)
+    if (strcmp(name, "avx512") == 0) return cpu_has_avx512() ? &pd_kernels_avx512 : NULL;
+#endif
     return NULL;
 }
 
 static const pd_kernels *best(void) {
+#if defined(PD_HAVE_AVX512)
+    if (cpu_has_avx512()) return &pd_kernels_avx512;
+#endif
+#if defined(PD_HAVE_AVXVNNI)
+    if (cpu_has_avxvnni()) return &pd_kernels_avxvnni;
+#endif
 #if defined(PD_HAVE_AVX2)
     if (cpu_has_avx2()) return &pd_kernels_avx2;
 #endif

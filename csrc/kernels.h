@@ -165,6 +165,12 @@ extern const pd_kernels pd_kernels_scalar;
 #if defined(PD_HAVE_AVX2)
 extern const pd_kernels pd_kernels_avx2;
 #endif
+#if defined(PD_HAVE_AVX512)
+extern const pd_kernels pd_kernels_avx512;    /* AVX-512 F/BW/VL/DQ + AVX512-VNNI */
+#endif
+#if defined(PD_HAVE_AVXVNNI)
+extern const pd_kernels pd_kernels_avxvnni;   /* AVX2 + AVX-VNNI (256-bit VEX), no AVX-512 */
+#endif
 
 /* Picks the best table the CPU supports, or the one PYDECODE_ISA names (NULL if unknown/unsupported). */
 const pd_kernels *pd_kernels_select(const char *forced);

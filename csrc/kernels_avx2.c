@@ -693,4 +693,19 @@ const pd_kernels pd_kernels_avx2 = {
     .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
 };
+
+/* Entries the AVX-VNNI and AVX-512 tables reuse (kernels_avxvnni.c, kernels_avx512.c): where
+ * VNNI or 512-bit registers do not help (see those files). */
+#define PD_AVX2_EXPORT(fn) extern __typeof__(fn) pd_avx2_##fn __attribute__((alias(#fn)));
+PD_AVX2_EXPORT(quantize_q8)
+PD_AVX2_EXPORT(quantize_q8k)
+PD_AVX2_EXPORT(matmul_q8_0)
+PD_AVX2_EXPORT(matmul_f32)
+PD_AVX2_EXPORT(matmul_f16)
+PD_AVX2_EXPORT(matmul_bf16)
+PD_AVX2_EXPORT(dot_f32)
+PD_AVX2_EXPORT(dot_f16)
+PD_AVX2_EXPORT(axpy_f32)
+PD_AVX2_EXPORT(axpy_f16)
+PD_AVX2_EXPORT(f32_to_f16)
 #endif

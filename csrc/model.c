@@ -458,7 +458,10 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
     const pd_tensor *e = &T[PD_TOK_EMBD];
     if (!e->data || e->ne0 != d || e->ne1 != c->n_vocab)
         return set_err(err, len, "token_embd.weight must have shape [%d, %d]", d, c->n_vocab);
-    if (pd_type_block_size(e->type) <= 0) return set_err(err, len, "token_embd.weight has unsupported type %d", e->type);
+    if (pd_type_block_size(e->type) <= 0 || d % pd_type_block_size(e->type) ||
+        e->row_bytes != (size_t)(d / pd_type_block_size(e->type)) * pd_type_block_bytes(e->type))
+        return set_err(err, len, "token_embd.weight has unsupported type %s (type id %d) or rows that are not "
+                       "whole blocks of it", pd_type_name(e->type), e->type);
     if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm.weight", -1, d, 0, err, len))) return rc;
     if ((rc = check_vector(&T[PD_ROPE_FREQS], "rope_freqs.weight", -1, c->rope_dim ? c->rope_dim / 2 : c->head_dim / 2, 1, err, len)))
         return rc;
@@ -574,3 +577,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
 const char *pd_model_error(const pd_model *m) { return m ? m->err : "no model"; }
 const char *pd_model_isa(const pd_model *m) { return m ? m->k->name : ""; }
 size_t pd_model_kv_bytes(const pd_model *m) { return m ? m->kv_bytes : 0; }
+int pd_model_kv_cap(const pd_model *m, int layer) {
+    return m && layer >= 0 && layer < m->c.n_layer ? m->kv_cap[layer] : -1;
+}
+int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }

@@ -60,6 +60,11 @@ void pd_model_free(pd_model *m);
 const char *pd_model_error(const pd_model *m);
 const char *pd_model_isa(const pd_model *m);
 size_t pd_model_kv_bytes(const pd_model *m);
+/* The KV cache's pieces, so that a test can check pd_model_kv_bytes() against the formula
+ * 2 x sum over layers(kv_cap(l)) x n_head_kv x head_dim x kv_elem_bytes: positions layer l holds
+ * (n_ctx, or window + n_batch for sliding-window layers; -1 for a bad layer) and bytes per value. */
+int pd_model_kv_cap(const pd_model *m, int layer);
+int pd_model_kv_elem_bytes(const pd_model *m);
 
 /* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
  * (mat x mat, causal attention), appends their K/V, writes the last position's logits into

@@ -469,6 +469,62 @@ def info(model):
 
 
 @main.command()
+@_model_opt
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-n", "--max-tokens", "n", type=click.IntRange(min=1), default=8, show_default=True,
+              help="New tokens to decode (greedy).")
+@click.option("--tol", type=click.FloatRange(min=0), default=None,
+              help="Max |logit difference| allowed (default: the cache tests' bound, 2e-3).")
+@click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True, help="KV cache type.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@_threads_opt
+@_ctx_opt
+@_isa_opt
+def verify(model, prompt, n, tol, kv_type, as_json, threads, n_ctx, isa):
+    """Check the KV cache: decode with it and, side by side, by recomputing the whole prefix at
+    every step (a second model on the same file). Prints per step the max |logit difference|,
+    whether the chosen tokens agree, the positions whose K/V each path computed, the time of
+    each, and the KV bytes in use. Exit status 1 if the two paths disagree."""
+    from . import verify as _verify
+
+    printed = [0, 0]
+    detok = []
+
+    def on_step(step):
+        if as_json:
+            return
+        if step.index == 1:
+            click.echo(_verify.HEADER)
+        printed[0] += step.positions_cached
+        printed[1] += step.positions_recompute
+        click.echo(_verify.step_line(step, printed[0], printed[1], detok[0] if detok else None))
+
+    class _Model(_verify.Model):            # keeps the tokenizer for the text column
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if not detok:
+                detok.append(lambda ids: self.tokenizer.decode(ids))
+
+    try:
+        path = registry.resolve(model)
+        v = _verify.verify(path, prompt, n, n_threads=threads, n_ctx=n_ctx, isa=isa, kv_type=kv_type,
+                           tolerance=_verify.TOLERANCE if tol is None else tol, on_step=on_step, model_cls=_Model)
+    except (PydecodeError, ValueError, OSError) as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps({
+            "model": str(path), "prompt_tokens": v.prompt_tokens, "tokens": v.tokens, "ok": v.ok,
+            "tolerance": v.tolerance, "max_abs_diff": v.max_abs_diff, "positions_cached": v.positions_cached,
+            "positions_recompute": v.positions_recompute, "cached_s": v.cached_s, "recompute_s": v.recompute_s,
+            "kv_bytes_in_use": v.steps[-1].kv_bytes_in_use, "kv_bytes_allocated": v.kv_bytes_allocated,
+            "n_ctx": v.n_ctx, "steps": [asdict(s) for s in v.steps]}))
+    else:
+        for line in _verify.summary_lines(v):
+            click.echo(line)
+    sys.exit(0 if v.ok else 1)
+
+
+@main.command()
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Download again even if cached.")
 def pull(name, force):

@@ -64,8 +64,31 @@ class ArchConfig:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes."""
         return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_element
 
+    def layer_is_local(self, layer: int) -> bool:
+        """Whether a layer attends over a sliding window (as csrc/model.c's layer_is_local)."""
+        return self.sliding_window > 0 and (self.swa_period <= 0 or (layer + 1) % self.swa_period != 0)
+
+    def kv_positions(self, layer: int, positions: int, ring_extra: int | None = None) -> int:
+        """Positions whose K/V layer `layer` keeps for a sequence of `positions`: all of them, or,
+        in a sliding-window layer, at most the window. ring_extra=n_batch gives what the C core
+        allocates instead (a ring of window + n_batch, so a prefill chunk's first query still
+        sees its whole window)."""
+        if not self.layer_is_local(layer):
+            return positions
+        return min(positions, self.sliding_window + (ring_extra or 0))
+
+    def kv_bytes(self, positions: int, bytes_per_element: int = 2, ring_extra: int | None = None) -> int:
+        """KV cache bytes for `positions` positions: 2 x n_kv_heads x positions x head_dim x bytes
+        per layer (sliding-window layers capped at their window, see kv_positions), summed."""
+        per_position = 2 * self.n_head_kv * self.head_dim * bytes_per_element
+        return sum(per_position * self.kv_positions(l, positions, ring_extra) for l in range(self.n_layer))
+
     def n_params(self, gguf: GGUFFile) -> int:
         return sum(t.n_elements for t in gguf.tensors.values())
+
+
+# Sizes reach the C core as `int`: anything larger is hostile, not big.
+INT_MAX = (1 << 31) - 1
 
 
 def _key(gguf: GGUFFile, key: str, kind: type, default=None):
@@ -76,20 +99,24 @@ def _key(gguf: GGUFFile, key: str, kind: type, default=None):
         if not v or any(x != v[0] for x in v):
             raise ModelError(f"{gguf.path}: metadata key {key} varies per layer ({v[:8]}...), not supported")
         v = v[0]
-    if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-        raise ModelError(f"{gguf.path}: metadata key {key} must be a non-negative integer, got {v!r}")
+    if kind is int and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT_MAX):
+        raise ModelError(f"{gguf.path}: metadata key {key} must be an integer in 0..{INT_MAX}, got {v!r}")
     if kind is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ModelError(f"{gguf.path}: metadata key {key} must be a finite number, got {v!r}")
         v = float(v)
+    if kind is str and not isinstance(v, str):
+        raise ModelError(f"{gguf.path}: metadata key {key} must be a string, got {type(v).__name__}")
     return v
 
 
 def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
     """Linear RoPE scaling (positions divided by the factor); other kinds are refused, not ignored."""
-    kind = gguf.metadata.get(p + "rope.scaling.type", "none")
+    kind = _key(gguf, p + "rope.scaling.type", str, "none")
     factor = _key(gguf, p + "rope.scaling.factor", float, 1.0)
-    if kind in ("none", None) or factor in (0.0, 1.0):
+    if factor < 0:
+        raise ModelError(f"{gguf.path}: metadata key {p}rope.scaling.factor must be positive, got {factor}")
+    if kind == "none" or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":
         raise ModelError(f"{gguf.path}: RoPE scaling '{kind}' ({p}rope.scaling.type) is not supported")
@@ -134,8 +161,37 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         swa_period=_key(gguf, p + "attention.sliding_window_pattern", int, a["swa_period"]),
         tied_output="output.weight" not in gguf.tensors,
     )
+    check_config(gguf, cfg)
     check_tensors(gguf, cfg)
     return cfg
+
+
+def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
+    """Values the forward pass relies on, checked before any tensor is looked at (so that a
+    hostile block_count cannot make check_tensors walk 2^31 layers). Each error names its key."""
+    p, path = cfg.arch + ".", gguf.path
+
+    def bad(key: str, why: str):
+        raise ModelError(f"{path}: metadata key {p}{key} {why}")
+
+    # Every layer needs at least its 9 required tensors, all in this file.
+    if not 1 <= cfg.n_layer <= len(gguf.tensors) // 9:
+        bad("block_count", f"is {cfg.n_layer}, but the file's {len(gguf.tensors)} tensors hold at most "
+                           f"{len(gguf.tensors) // 9} layers")
+    if cfg.n_head * cfg.head_dim > INT_MAX or cfg.n_head_kv * cfg.head_dim > INT_MAX:
+        bad("attention.key_length", f"{cfg.head_dim} x {cfg.n_head} heads overflows")
+    if cfg.head_dim < 2 or cfg.head_dim % 2:
+        bad("attention.key_length", f"(head dimension) must be even and >= 2, got {cfg.head_dim}")
+    if cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
+        bad("rope.dimension_count", f"must be even and <= the head dimension {cfg.head_dim}, got {cfg.rope_dim}")
+    if cfg.n_ff < 1:
+        bad("feed_forward_length", "must be positive")
+    if cfg.n_ctx_train < 1:
+        bad("context_length", "must be positive")
+    if cfg.norm_eps < 0:
+        bad("attention.layer_norm_rms_epsilon", f"must not be negative, got {cfg.norm_eps}")
+    if cfg.rope_base <= 0 or cfg.rope_base_local < 0:
+        bad("rope.freq_base", f"must be positive, got {cfg.rope_base} (local {cfg.rope_base_local})")
 
 
 def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -165,3 +221,51 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
             raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         if len(shape) == 1 and t.type != 0:
             raise ModelError(f"{gguf.path}: tensor {name} has type {type_name(t.type)}, expected F32")
+
+
+# tokenizer.ggml.* keys and the Python type each must have (lists: of elements of that type).
+_NUM = (int, float)
+TOKENIZER_KEYS: dict[str, tuple] = {
+    "tokenizer.ggml.model": (str, None), "tokenizer.ggml.pre": (str, None),
+    "tokenizer.ggml.tokens": (list, str), "tokenizer.ggml.token_type": (list, int),
+    "tokenizer.ggml.scores": (list, _NUM), "tokenizer.ggml.merges": (list, str),
+    "tokenizer.ggml.bos_token_id": (int, None), "tokenizer.ggml.eos_token_id": (int, None),
+    "tokenizer.ggml.eot_token_id": (int, None), "tokenizer.ggml.eom_token_id": (int, None),
+    "tokenizer.ggml.unknown_token_id": (int, None), "tokenizer.ggml.padding_token_id": (int, None),
+    "tokenizer.ggml.add_bos_token": ((bool, int), None), "tokenizer.ggml.add_eos_token": ((bool, int), None),
+    "tokenizer.ggml.add_space_prefix": ((bool, int), None), "tokenizer.chat_template": (str, None),
+}
+
+
+def check_tokenizer_metadata(gguf: GGUFFile, deep: bool = False) -> None:
+    """The tokenizer keys have the types the tokenizer reads them as (a hostile file could store
+    the vocabulary as numbers, or a token id as a string): a ModelError naming the key, not a
+    TypeError from deep inside a tokenizer library. deep: also the checks that cost time in
+    proportion to the vocabulary (~50 ms per 50k merges), run only once a tokenizer build failed."""
+    meta = gguf.metadata
+    if "tokenizer.ggml.model" not in meta:
+        raise ModelError(f"{gguf.path}: metadata key tokenizer.ggml.model is missing")
+    for key, (kind, elem) in TOKENIZER_KEYS.items():
+        v = meta.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise ModelError(f"{gguf.path}: metadata key {key} has type {type(v).__name__}, expected "
+                             f"{'an array' if kind is list else getattr(kind, '__name__', 'a bool')}")
+        if elem is not None and not all(isinstance(x, elem) for x in v):
+            bad = next(x for x in v if not isinstance(x, elem))
+            raise ModelError(f"{gguf.path}: metadata key {key} holds a {type(bad).__name__} ({bad!r:.40}) "
+                             f"among its elements")
+    if deep and meta.get("tokenizer.ggml.model") == "gpt2" and meta.get("tokenizer.ggml.merges") is not None:
+        check_merges(gguf.path, meta["tokenizer.ggml.tokens"] or [], meta["tokenizer.ggml.merges"])
+
+
+def check_merges(path: str, tokens: list[str], merges: list[str]) -> None:
+    """Each BPE merge is "left right", both parts and their concatenation in the vocabulary (the
+    BPE model refuses anything else, with an exception that names neither file nor key)."""
+    vocab = set(tokens)
+    for i, m in enumerate(merges):
+        left, sep, right = m.partition(" ")
+        if not sep or left not in vocab or right not in vocab or left + right not in vocab:
+            raise ModelError(f"{path}: metadata key tokenizer.ggml.merges: merge #{i} {m!r:.80} is not two "
+                             f"vocabulary tokens whose concatenation is one")

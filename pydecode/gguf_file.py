@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from .errors import ModelError
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_NESTING = 4
+MAX_DIM = 1 << 40  # per dimension; a tensor's bytes must also fit in the file
 
 # GGUF metadata value types -> (struct format, size); 8 = string, 9 = array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -123,14 +125,21 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             raise ModelError(f"{self.path}: cannot open model file: {e.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelError(f"{self.path}: not a regular file (a directory, device or pipe)")
+            size = st.st_size
             if size < 24:
                 raise ModelError(f"{self.path}: not a GGUF file (only {size} bytes)")
-            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            try:
+                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise ModelError(f"{self.path}: cannot map model file: {e}") from None
         finally:
             os.close(fd)
         self.file_size = size
@@ -145,7 +154,8 @@ class GGUFFile:
         c.pos = 4
         self.version = c.scalar("<I", "version")
         if self.version not in (2, 3):
-            raise ModelError(f"{self.path}: unsupported GGUF version {self.version} (supported: 2, 3)")
+            hint = " (a big-endian file?)" if self.version & 0xFFFF == 0 else ""
+            raise ModelError(f"{self.path}: unsupported GGUF version {self.version}{hint} (supported: 2, 3)")
         n_tensors = c.scalar("<Q", "tensor count")
         n_kv = c.scalar("<Q", "metadata count")
         # Each entry takes some bytes, so a count larger than the file is hostile, not big.
@@ -155,6 +165,8 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = c.string(f"key #{i}")
+            if key in self.metadata:
+                raise ModelError(f"{self.path}: duplicate metadata key {key}")
             vtype = c.scalar("<I", f"type of {key}")
             self.metadata[key] = c.value(vtype, key)
         infos = []
@@ -168,19 +180,23 @@ class GGUFFile:
             rel = c.scalar("<Q", f"offset of {name}")
             infos.append((name, shape, ttype, rel))
         align = self.metadata.get("general.alignment", 32)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
             raise ModelError(f"{self.path}: general.alignment {align!r} is not a power of two")
         self.alignment = align
+        self.header_size = c.pos  # magic .. end of the tensor directory (before the padding)
         self.data_start = (c.pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ttype, rel in infos:
+            if name in self.tensors:
+                raise ModelError(f"{self.path}: duplicate tensor name {name}")
             try:
                 qtype = GGMLQuantizationType(ttype)
                 block, bsize = GGML_QUANT_SIZES[qtype]
             except (ValueError, KeyError):
                 raise ModelError(f"{self.path}: tensor {name} has unknown type id {ttype}") from None
-            if any(d <= 0 or d > 1 << 40 for d in shape):
-                raise ModelError(f"{self.path}: tensor {name} has invalid shape {list(shape)}")
+            if any(d <= 0 or d > MAX_DIM for d in shape):
+                raise ModelError(f"{self.path}: tensor {name} has invalid shape {list(shape)} "
+                                 f"(each dimension must be 1..{MAX_DIM})")
             if shape[0] % block:
                 raise ModelError(f"{self.path}: tensor {name}: row of {shape[0]} values is not a whole number "
                                  f"of {qtype.name} blocks ({block})")
@@ -188,15 +204,27 @@ class GGUFFile:
             for d in shape:
                 n_el *= d
             n_bytes = n_el // block * bsize
-            offset = self.data_start + rel
+            if n_bytes > self.file_size:  # not merely cut short: no file this size could hold it
+                raise ModelError(f"{self.path}: tensor {name}: shape {list(shape)} of {qtype.name} needs "
+                                 f"{n_bytes} bytes, more than the whole file ({self.file_size} bytes)")
             if rel % align:
                 raise ModelError(f"{self.path}: tensor {name} data offset {rel} is not {align}-byte aligned")
+            offset = self.data_start + rel
+            if offset >= self.file_size:
+                raise ModelError(f"{self.path}: tensor {name} data offset {rel} (byte {offset}) is outside the "
+                                 f"file ({self.file_size} bytes; truncated file?)")
             if offset + n_bytes > self.file_size:
                 raise ModelError(f"{self.path}: truncated file: tensor {name} needs bytes {offset}..{offset + n_bytes} "
                                  f"but the file has {self.file_size}")
-            if name in self.tensors:
-                raise ModelError(f"{self.path}: duplicate tensor name {name}")
             self.tensors[name] = TensorInfo(name, shape, ttype, offset, n_bytes)
+        # Tensors may leave gaps (padding) but never share bytes: a write through one would be
+        # a read of another, and a hostile directory could alias one tensor's bytes as many.
+        by_offset = sorted(self.tensors.values(), key=lambda t: (t.offset, t.n_bytes))
+        for a, b in zip(by_offset, by_offset[1:]):
+            if b.offset < a.offset + a.n_bytes:
+                raise ModelError(f"{self.path}: tensors {a.name} ({a.type_name} {list(a.shape)}: bytes "
+                                 f"{a.offset}..{a.offset + a.n_bytes}) and {b.name} ({b.type_name} {list(b.shape)}: "
+                                 f"bytes {b.offset}..{b.offset + b.n_bytes}) overlap")
 
     @property
     def architecture(self) -> str:

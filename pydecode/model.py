@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _core
-from .config import GLOBAL_TENSORS, LAYER_TENSORS, ArchConfig, arch_config
+from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_config, check_tokenizer_metadata
 from .errors import ContextFullError, ModelError
 from .gguf_file import GGUFFile
 from .tokenizer import Tokenizer, TokenizerError
@@ -21,6 +21,39 @@ ffi, lib = _core.ffi, _core.lib
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 256
+MAX_N_BATCH = 65536
+MAX_THREADS = 512
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still get: MemAvailable (or free pages), lowered by a cgroup v2
+    limit if one applies. None when unknown."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f1, open("/sys/fs/cgroup/memory.current") as f2:
+            limit = f1.read().strip()
+            if limit != "max":
+                avail = min(avail, max(0, int(limit) - int(f2.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def physical_cores() -> int:
@@ -50,32 +83,66 @@ class Model:
         trained context)); n_threads: default physical cores; n_batch: prefill chunk size;
         kv_type: "f16" or "f32" cache; isa: force "scalar"/"avx2" kernels (default: best, or
         $PYDECODE_ISA)."""
+        self._ptr = None
+        # Parameters first: they are cheap to check and a typo should not wait for a big load.
+        if n_ctx is not None and (not _is_int(n_ctx) or not 1 <= n_ctx <= INT_MAX):
+            raise ValueError(f"n_ctx must be an integer in 1..{INT_MAX}, got {n_ctx!r}")
+        if n_threads is not None and (not _is_int(n_threads) or not 1 <= n_threads <= MAX_THREADS):
+            raise ValueError(f"n_threads must be an integer in 1..{MAX_THREADS}, got {n_threads!r}")
+        if kv_type not in ("f16", "f32"):
+            raise ValueError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+        if not _is_int(n_batch) or not 1 <= n_batch <= MAX_N_BATCH:
+            raise ValueError(f"n_batch must be an integer in 1..{MAX_N_BATCH}, got {n_batch!r}")
         self.path = Path(path)
         self.gguf = GGUFFile(path)
         self.config: ArchConfig = arch_config(self.gguf)
+        check_tokenizer_metadata(self.gguf)
         try:
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, cache_path=str(path) + ".spm.model")
         except TokenizerError as e:
             raise ModelError(f"{path}: {e}") from None
+        except Exception:
+            # A tokenizer library refused the vocabulary: name the key at fault if the file is
+            # (ModelError); anything else is a bug and goes up as it is.
+            check_tokenizer_metadata(self.gguf, deep=True)
+            raise
+        if self.tokenizer.vocab_size != self.config.n_vocab:
+            raise ModelError(f"{path}: the tokenizer has {self.tokenizer.vocab_size} tokens "
+                             f"(tokenizer.ggml.tokens) but token_embd.weight has {self.config.n_vocab} rows")
         if n_ctx is None:
             n_ctx = min(DEFAULT_N_CTX, self.config.n_ctx_train)
-        if not isinstance(n_ctx, int) or n_ctx < 1:
-            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is None:
             n_threads = physical_cores()
-        if not isinstance(n_threads, int) or not 1 <= n_threads <= 512:
-            raise ValueError(f"n_threads must be an integer in 1..512, got {n_threads!r}")
-        if kv_type not in ("f16", "f32"):
-            raise ValueError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
-        if not isinstance(n_batch, int) or n_batch < 1:
-            raise ValueError(f"n_batch must be a positive integer, got {n_batch!r}")
         self.n_ctx, self.n_threads, self.kv_type = n_ctx, n_threads, kv_type
+        self._check_memory(n_batch)
         self._lock = threading.Lock()
-        self._ptr = None
         self._build(n_batch, isa)
         self.n_vocab = self.config.n_vocab
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self._logits_ptr = ffi.cast("float *", self._logits.ctypes.data)
+
+    def memory_needed(self, n_batch: int = DEFAULT_N_BATCH) -> int:
+        """Bytes pd_model_new allocates: the KV cache (as allocated: sliding-window layers keep a
+        ring of window + n_batch) plus the per-thread attention scores and the n_batch scratch."""
+        c = self.config
+        kv = c.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=n_batch)
+        max_in = max(c.n_embd, c.n_head * c.head_dim, c.n_ff)
+        per_token = 4 * (3 * c.n_embd + 2 * max_in + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim
+                         + 2 * c.n_ff + 4 * c.rope_dim)
+        return kv + 4 * self.n_threads * self.n_ctx + n_batch * per_token
+
+    def _check_memory(self, n_batch: int) -> None:
+        """A clear error before allocating, not an out-of-memory (or a machine swapping to death)
+        when the first long prompt touches a KV cache larger than the memory there is."""
+        need = self.memory_needed(n_batch)
+        avail = available_memory()
+        if avail is not None and need > avail:
+            c = self.config
+            raise ValueError(
+                f"n_ctx {self.n_ctx} needs {need} bytes ({need / 2**30:.1f} GiB: a {self.kv_type} KV cache of "
+                f"{c.kv_bytes(self.n_ctx, 2 if self.kv_type == 'f16' else 4, ring_extra=n_batch)} bytes plus "
+                f"scratch) but only {avail} bytes ({avail / 2**30:.1f} GiB) of memory are available; "
+                f"use a smaller n_ctx (at most ~{self.n_ctx * avail // need} here)")
 
     def _build(self, n_batch: int, isa: str | None) -> None:
         c = self.config
@@ -122,11 +189,24 @@ class Model:
     def prefill(self, tokens, pos: int = 0, all_logits: bool = False) -> np.ndarray:
         """Runs the prompt tokens at positions pos.. as one block, filling the KV cache.
         Returns the last position's logits (a view reused by the next call), or [n, vocab] if all_logits."""
-        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        toks = np.asarray(tokens)
+        if toks.ndim != 1:
+            raise ValueError("tokens must be a flat sequence of token ids")
         n = len(toks)
         if n == 0:
             raise ValueError("prefill needs at least one token")
-        if pos + n > self.n_ctx:
+        if toks.dtype.kind in "iu":
+            bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
+        else:   # Python ints beyond int64 (an object array), or not ints at all
+            for t in toks:
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise ValueError(f"token ids must be integers, got {t!r}")
+            bad = [i for i, t in enumerate(toks) if not 0 <= t < self.n_vocab]
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"token id {toks[i]} at index {i} is outside the vocabulary (0..{self.n_vocab - 1})")
+        toks = np.ascontiguousarray(toks, dtype=np.int32)
+        if not isinstance(pos, (int, np.integer)) or pos < 0 or pos + n > self.n_ctx:
             raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
         out = np.empty((n, self.n_vocab), dtype=np.float32) if all_logits else self._logits
         with self._lock:
@@ -137,6 +217,10 @@ class Model:
 
     def decode_step(self, token: int, pos: int) -> np.ndarray:
         """One token at position pos (the cache holds 0..pos-1): appends its K/V, returns the logits."""
+        if not 0 <= token < self.n_vocab:   # also keeps huge ints from overflowing C's int32
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if not 0 <= pos < self.n_ctx:
+            raise ContextFullError(f"position {pos} is outside the context of {self.n_ctx} tokens")
         with self._lock:
             rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
         self._check(rc)

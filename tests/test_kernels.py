@@ -22,7 +22,7 @@ from pydecode._core import ffi, lib
 # ---------------------------------------------------------------- tolerances
 # Tight: kernel vs float64 reference over the SAME quantized inputs. Each block's integer dot is
 # exact, so only float32 rounding (scales, block sums: <= ~50 terms, f32 eps 6e-8) remains:
-# |y - ref| <= TIGHT_REL * sum_i |w_i * x_i|. Also used for scalar vs avx2 (summation order).
+# |y - ref| <= TIGHT_REL * sum_i |w_i * x_i|. Also used for scalar vs each SIMD table (summation order).
 # K-quants: per super-block the scale and minimum terms (each exact in integers, < 2^27) are
 # rounded separately, so their error scales with sum_i (|d sc q_i| + |dmin m|) |x_i|, which the
 # hand-built blocks keep within a few times sum_i |w_i x_i|: the same TIGHT_REL holds.
@@ -38,7 +38,8 @@ ATTN_REL = 1e-5
 # Exact (bit for bit): quantize_q8 / quantize_q8k vs their numpy mirrors, dequantize_row vs
 # gguf.dequantize, f16<->f32 vs numpy (NaNs: both NaN, payload not compared).
 
-ISAS = ["scalar", "avx2"]
+ISAS = ["scalar", "avx2", "avxvnni", "avx512"]
+SIMD_ISAS = ISAS[1:]
 K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0] + K_TYPES
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
@@ -259,19 +260,43 @@ def test_matmul_float_types_any_k(isa, qtype, k):
     check_against_oracle(matmul(isa, qtype, wbytes, 9, k, x), wd, x, qtype)
 
 
+@pytest.mark.parametrize("simd", SIMD_ISAS)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("nrows,ncols", [(1, 1), (7, 3), (37, 11)])
-def test_scalar_vs_avx2(qtype, nrows, ncols):
-    if not lib.pd_isa_supported(b"avx2"):
-        pytest.skip("avx2 is not compiled in or not supported by this CPU")
+def test_scalar_vs_simd(simd, qtype, nrows, ncols):
+    if not lib.pd_isa_supported(simd.encode()):
+        pytest.skip(f"{simd} is not compiled in or not supported by this CPU")
     k = 768 if qtype in K_TYPES else 576
     wbytes, wd = weights(qtype, nrows, k)
     x = acts(ncols, k)
-    ys, ya = (matmul(i, qtype, wbytes, nrows, k, x) for i in ("scalar", "avx2"))
+    ys, ya = (matmul(i, qtype, wbytes, nrows, k, x) for i in ("scalar", simd))
     xa = (x.astype(np.float64) if qtype in FLOAT_TYPES
           else np.stack([dq8(act_quant(qtype, r)) for r in x]))
     tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
     assert (np.abs(ya - ys) <= tol).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matmul_bit_identical_in_any_tile(isa, qtype):
+    """A row's result does not depend on the tile that computes it (4-row or single-row tiles,
+    any neighbours), nor a column's on the columns computed with it (one column, the decode
+    case, included): the kernels' half of the guarantee that a forward pass is bit-identical
+    for any split of the rows across threads, and that a decode step computes what a prefill
+    of the same position does."""
+    k = 512 if qtype in K_TYPES else (100 if qtype in FLOAT_TYPES else 576)
+    nrows = 13
+    wbytes, _ = weights(qtype, nrows, k)
+    x = acts(6, k)
+    whole = matmul(isa, qtype, wbytes, nrows, k, x)
+    for cuts in ([1, 6], [3, 7, 11], [2], [9]):
+        bounds = list(zip([0] + cuts, cuts + [nrows]))
+        parts = np.concatenate([matmul(isa, qtype, wbytes[a:b], b - a, k, x) for a, b in bounds], axis=1)
+        assert parts.tobytes() == whole.tobytes(), f"row cuts {cuts}"
+    for groups in (((0, 2), (2, 6)), ((0, 1), (1, 5), (5, 6)), tuple((c, c + 1) for c in range(6))):
+        cols = np.concatenate([matmul(isa, qtype, wbytes, nrows, k, x[a:b]) for a, b in groups])
+        assert cols.tobytes() == whole.tobytes(), f"column groups {groups}"
+    single = np.concatenate([matmul(isa, qtype, wbytes[a:b], b - a, k, x[:1]) for a, b in ((0, 5), (5, 13))], axis=1)
+    assert single.tobytes() == whole[:1].tobytes()
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
@@ -378,6 +403,43 @@ def test_dequantize_row_model_tensor(smollm):
         assert lib.pd_kernel_dequantize_row(int(t.tensor_type), ffi.from_buffer(rows[r]),
                                             ffi.from_buffer("float[]", y), y.size) == lib.PD_OK
         assert y.tobytes() == want[r].tobytes()
+
+
+# ---------------------------------------------------------------- forward pass vs thread count
+
+THREAD_COUNTS = (1, 2, 3, 7)
+
+
+@pytest.mark.parametrize("isa_name", ISAS)
+def test_forward_bit_identical_across_thread_counts(smollm_path, isa_name):
+    """Every output row of a matmul is computed by exactly one thread, with the same
+    instructions in the same order whatever its neighbours in the tile (the kernels) and
+    whichever thread takes it (model.c hands out row chunks whose size depends on the matrix
+    only, tokens and (token, head) pairs whole): prefill logits of every position and the
+    decode steps after them are bit-identical for any thread count."""
+    import pydecode
+
+    if not lib.pd_isa_supported(isa_name.encode()):
+        pytest.skip(f"ISA {isa_name!r} is not compiled in or not supported by this CPU")
+    prompt = [1, 504, 3158, 2365, 19, 260, 7890, 30]
+    steps = [282, 6213, 28, 1177]                      # fed at positions 8..11
+    runs = {}
+    for t in THREAD_COUNTS:
+        with pydecode.Model(smollm_path, n_ctx=64, n_threads=t, isa=isa_name) as m:
+            assert m.isa == isa_name and m.n_threads == t
+            pre = m.prefill(prompt, all_logits=True).copy()
+            dec = np.stack([m.decode_step(tok, len(prompt) + i).copy() for i, tok in enumerate(steps)])
+        assert np.isfinite(pre).all() and np.isfinite(dec).all()
+        runs[t] = (pre, dec)
+    pre1, dec1 = runs[1]
+    for t in THREAD_COUNTS[1:]:
+        pre, dec = runs[t]
+        assert pre.tobytes() == pre1.tobytes(), (
+            f"{isa_name}: prefill logits with {t} threads differ from 1 thread at positions "
+            f"{sorted(set(np.nonzero(pre != pre1)[0]))}")
+        assert dec.tobytes() == dec1.tobytes(), (
+            f"{isa_name}: decode logits with {t} threads differ from 1 thread at steps "
+            f"{sorted(set(np.nonzero(dec != dec1)[0]))}")
 
 
 # ---------------------------------------------------------------- dequantize_row, f16
@@ -502,7 +564,7 @@ def test_bad_inputs_return_errors():
     assert mm(b"scalar", int(QT.Q4_0), pw, 144, 0, 256, px, 1, py) == E  # no rows
     assert mm(b"scalar", int(QT.Q4_0), pw, 144, 1, 256, px, 0, py) == E  # no columns
     assert mm(b"scalar", int(QT.Q4_0), ffi.NULL, 144, 1, 256, px, 1, py) == E
-    for isa_name in (b"scalar", b"avx2"):
+    for isa_name in (i.encode() for i in ISAS):
         if not lib.pd_isa_supported(isa_name):
             continue
         for t in K_TYPES:                                            # k % 256 != 0 (but % 32 == 0)

@@ -1,0 +1,814 @@
+/* AVX-512 (F, BW, VL, DQ) + AVX512-VNNI kernels (this file alone is compiled with -mavx512f
+ * -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2; never AMX flags).
+ *
+ * Legacy block formats x pd_q8: two 32-value blocks per 512-bit register (Q8_0: two rows, see
+ * below). The weight quants of blocks b and b+1 are unpacked to 64 UNSIGNED bytes u (q4:
+ * nibbles 0..15, q5: 0..31, q8_0: w ^ 0x80 = w + 128), and one vpdpbusd (u8 x s8, sums of 4
+ * into int32) against the two activation blocks gives 16 int32 lanes, 8 per block. The
+ * formats' offsets (q4_0: 8, q5_0: 16, q8_0: 128; sum((u - off) * a) = sum(u * a) - off *
+ * sum(a)) are removed exactly in integers: the vpdpbusd of each row starts from -off * (sums
+ * of 4 activations), computed once per column and block pair (pd_q8.s is that sum already
+ * scaled to float; the integer form keeps each block's dot exactly the scalar table's). Then
+ * one convert and one fmadd per row, column and block pair with dw*dx (the two blocks' scales
+ * in the two halves, one vpermps per row). Measured on a Zen 5, one thread, 4096 x 4096: this
+ * takes Q4_0..Q5_1 decode from 19-25 GB/s (AVX2) to 32-38, and prefill (16 columns) to
+ * 1.7-2.3x AVX2; the 256-bit form (one block per vpdpbusd, as kernels_avxvnni.c) gains only
+ * 5-15% over AVX2.
+ *
+ * K-quants x pd_q8k: a super-block row is 4 registers of 64 unpacked unsigned quants; vpmaddubsw
+ * with the activation bytes (rearranged once per column so each register's two 32-value halves
+ * meet the activations they pair with) gives int16 pair sums, and vpdpwssd multiplies them by
+ * the sub-block scales (int16, one per 128-bit lane of 16 values) and accumulates into int32.
+ * Offsets (Q3_K, Q6_K) and minima go through bsums as in the AVX2 table, reductions too.
+ * (vpdpbusd would give 4-value sums that then need a 32-bit multiply by the scales: measured
+ * on Q4_K, vpdpbusd + vpmulld + vpaddd is 5% slower for decode and 11% for prefill.)
+ *
+ * Decode (one column) of the byte-heavy formats, Q8_0 and F16/BF16/F32, is memory-bound with
+ * the AVX2 loops already, and there the faster loops of this file streamed LESS from DRAM on
+ * the Zen 5 measured (Q8_0, 171 MB: 25-27 GB/s vs 37-44 for AVX2, though 70 vs 50 from L3;
+ * the 256-bit VNNI loop: ~10% less; prefetch distance, hints, density and row pairing did not
+ * help, a loop doing the same work at half the rate did). So one column of those formats goes
+ * to the AVX2 kernels (exported by kernels_avx2.c), and their prefill kernels here put two
+ * ROWS in a register, each half doing exactly the AVX2 kernel's arithmetic: same bits for a
+ * column whether it is decoded alone or prefilled with others.
+ *
+ * Tiling and prefetch as in kernels_avx2.c: R = 4 rows (or 1) x up to C = 4 columns per tile
+ * (measured best of 2..4), rows in lock-step, each row prefetched PF_DIST bytes ahead. Every
+ * row's result is computed by the same instructions in the same order whatever tile it falls
+ * in (R, C, its neighbours), so a forward pass is bit-identical for any split of the rows
+ * across threads, and a column's result does not depend on the columns computed with it
+ * (tests/test_kernels.py checks all three).
+ */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#include "kernels.h"
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+/* Only the FMAs written below (see kernels_avx2.c). */
+#pragma GCC optimize("fp-contract=off")
+
+#define AI static inline __attribute__((always_inline))
+#ifndef QCMAX
+#define QCMAX 4 /* max columns per legacy-format tile */
+#endif
+#ifndef KCMAX
+#define KCMAX 4 /* K-quants */
+#endif
+#ifndef FCMAX
+#define FCMAX 4 /* float formats */
+#endif
+#ifndef PF_DIST
+#define PF_DIST 4096 /* bytes ahead per weight row */
+#endif
+
+/* kernels_avx2.c (always compiled with this file): the one-column kernels of the formats whose
+ * decode this file does not speed up. */
+void pd_avx2_matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                         int ncols, float *y, size_t ys);
+void pd_avx2_matmul_f32(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                        int ncols, float *y, size_t ys);
+void pd_avx2_matmul_f16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                        int ncols, float *y, size_t ys);
+void pd_avx2_matmul_bf16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                         int ncols, float *y, size_t ys);
+
+AI float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+AI float hsum512(__m512 v) {
+    return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+AI uint16_t ld16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* Software prefetch of a 4-row tile (see kernels_avx2.c's pd_pf). */
+typedef struct { const char *p; size_t off, rb, jump; } pd_pf;
+
+AI pd_pf pf_init(const char *w, size_t rb, size_t ws) {
+    const size_t tiles = PF_DIST / rb;
+    return (pd_pf){w + tiles * 4 * ws + PF_DIST % rb, PF_DIST % rb, rb, 4 * ws - rb};
+}
+AI void pf_advance(pd_pf *pf, size_t bytes) {
+    pf->p += bytes;
+    pf->off += bytes;
+    if (pf->off >= pf->rb) { pf->off -= pf->rb; pf->p += pf->jump; }
+}
+
+/* ---------------------------------------------------------------- activation quantization */
+
+/* roundf(t) (half away from zero) as int32: truncate, then step one away from zero where the
+ * (exact) fraction is >= 0.5. */
+AI __m512i round_away(__m512 t) {
+    const __m512 tr = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, tr)),
+                                            _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 step = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(t, _mm512_set1_ps(-0.0f)));
+    return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, up, tr, step));
+}
+
+static void quantize_q8(const float *x, pd_q8 *y, int k) {
+    for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = round_away(_mm512_mul_ps(v0, vid)), q1 = round_away(_mm512_mul_ps(v1, vid));
+        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(q1));
+        y[b].d = d;
+        y[b].s = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+/* The same rule per 256 values; each register of 16 quants is one bsums group. */
+static void quantize_q8k(const float *x, pd_q8k *y, int k) {
+    for (int b = 0; b < k / PD_QKK; b++, x += PD_QKK) {
+        __m512 m4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                        _mm512_setzero_ps()};
+        for (int i = 0; i < PD_QKK / 16; i++)
+            m4[i % 4] = _mm512_max_ps(m4[i % 4], _mm512_abs_ps(_mm512_loadu_ps(x + 16 * i)));
+        const float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3])));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        for (int i = 0; i < PD_QKK / 16; i++) {
+            const __m512i q = round_away(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), vid));
+            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * i), _mm512_cvtepi32_epi8(q));
+            y[b].bsums[i] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        y[b].d = d;
+    }
+}
+
+/* ---------------------------------------------------------------- block formats x pd_q8 */
+
+enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
+
+AI size_t blk_bytes(int T) {
+    return T == T_Q4_0 ? sizeof(pd_block_q4_0) : T == T_Q4_1 ? sizeof(pd_block_q4_1)
+         : T == T_Q5_0 ? sizeof(pd_block_q5_0) : T == T_Q5_1 ? sizeof(pd_block_q5_1)
+         : sizeof(pd_block_q8_0);
+}
+AI int has_min(int T) { return T == T_Q4_1 || T == T_Q5_1; }
+/* u - off is the signed quant: q4_0 8, q5_0 16, q8_0 128 (its bytes are flipped to w + 128) */
+AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : T == T_Q8_0 ? 128 : 0; }
+AI size_t qs_off(int T) {
+    return T == T_Q4_0 ? offsetof(pd_block_q4_0, qs) : T == T_Q4_1 ? offsetof(pd_block_q4_1, qs)
+         : T == T_Q5_0 ? offsetof(pd_block_q5_0, qs) : T == T_Q5_1 ? offsetof(pd_block_q5_1, qs)
+         : offsetof(pd_block_q8_0, qs);
+}
+AI size_t qh_off(int T) { return T == T_Q5_0 ? offsetof(pd_block_q5_0, qh) : offsetof(pd_block_q5_1, qh); }
+
+/* Blocks at a and b as 64 unsigned quant bytes, a's 32 values in the low half (in order). */
+AI __m512i unpack2(int T, const char *a, const char *b) {
+    if (T == T_Q8_0) {
+        const __m512i v = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + qs_off(T)))),
+            _mm256_loadu_si256((const __m256i *)(b + qs_off(T))), 1);
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    }
+    /* nibbles: 16 bytes to both 128-bit lanes of a half; the upper lane takes the high ones */
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + qs_off(T))));
+    v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)(b + qs_off(T))));
+    v = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                         _mm512_set1_epi8(0x0f));
+    if (T == T_Q5_0 || T == T_Q5_1) {   /* bit j of the 64-bit word (qh_a | qh_b << 32): +16 */
+        uint32_t ha, hb;
+        memcpy(&ha, a + qh_off(T), 4);
+        memcpy(&hb, b + qh_off(T), 4);
+        v = _mm512_mask_add_epi8(v, (__mmask64)((uint64_t)hb << 32 | ha), v, _mm512_set1_epi8(0x10));
+    }
+    return v;
+}
+
+/* The f16 at p + r*stride for r < R as floats in lanes 0..R-1 (zeros after). */
+AI __m128 load_h4(const char *p, size_t stride, int R) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)ld16(p), R > 1 ? (short)ld16(p + stride) : 0,
+                                       R > 2 ? (short)ld16(p + 2 * stride) : 0,
+                                       R > 3 ? (short)ld16(p + 3 * stride) : 0, 0, 0, 0, 0));
+}
+
+/* f16 scale (at byte off) of blocks a and b of rows 0..R-1: lanes 0..3 block a, 4..7 block b
+ * (zeros for missing rows, and for block b when !two). */
+AI __m256 load_h8(const char *a, const char *b, size_t ws, int R, int two) {
+    const short z = 0;
+    return _mm256_cvtph_ps(_mm_setr_epi16(
+        (short)ld16(a), R > 1 ? (short)ld16(a + ws) : z, R > 2 ? (short)ld16(a + 2 * ws) : z,
+        R > 3 ? (short)ld16(a + 3 * ws) : z, two ? (short)ld16(b) : z,
+        two && R > 1 ? (short)ld16(b + ws) : z, two && R > 2 ? (short)ld16(b + 2 * ws) : z,
+        two && R > 3 ? (short)ld16(b + 3 * ws) : z));
+}
+
+/* One step of tile_q: blocks b and b+1 (two) or block b alone (!two: block b+1's lanes get
+ * zero activations and scales). */
+AI void step_q(int T, int R, int C, int two, const char *wa, size_t ws, const char *x, size_t xs,
+               int b, __m512 acc[4][QCMAX], __m256 macc[QCMAX], const char *pf) {
+    const size_t bb = blk_bytes(T);
+    const char *wb = two ? wa + bb : wa;
+    const __m256 dw = load_h8(wa, wb, ws, R, two);
+    const __m256 mw = has_min(T) ? load_h8(wa + 2, wb + 2, ws, R, two) : _mm256_setzero_ps();
+    __m512i xq[QCMAX], seed[QCMAX];
+    __m256 dd[QCMAX];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        const pd_q8 *xa = (const pd_q8 *)(x + c * xs) + b, *xb = xa + 1;
+        const __m256i qa = _mm256_loadu_si256((const __m256i *)xa->qs);
+        xq[c] = two ? _mm512_inserti64x4(_mm512_castsi256_si512(qa),
+                                         _mm256_loadu_si256((const __m256i *)xb->qs), 1)
+                    : _mm512_zextsi256_si512(qa);
+        if (offset(T))
+            seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                           _mm512_set1_epi8((char)offset(T)), xq[c]));
+        const __m256 dx = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(xa->d)),
+                                               _mm_set1_ps(two ? xb->d : 0.0f), 1);
+        dd[c] = _mm256_mul_ps(dw, dx);
+        if (has_min(T)) {
+            const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(xa->s)),
+                                                  _mm_set1_ps(two ? xb->s : 0.0f), 1);
+            macc[c] = _mm256_fmadd_ps(mw, s, macc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm_prefetch(pf + r * ws, _MM_HINT_T0);
+        const __m512i u = unpack2(T, wa + r * ws, wb + r * ws);
+        const __m512i idx = _mm512_setr_epi32(r, r, r, r, r, r, r, r, r + 4, r + 4, r + 4, r + 4,
+                                              r + 4, r + 4, r + 4, r + 4);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m512i is = _mm512_dpbusd_epi32(offset(T) ? seed[c] : _mm512_setzero_si512(), u, xq[c]);
+            const __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(dd[c]));
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sc, acc[r][c]);
+        }
+    }
+}
+
+/* Y[c][r] for an R x C tile, over nb blocks. w: first row; x: first column. */
+AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
+               float *y, size_t ys) {
+    const size_t bb = blk_bytes(T);
+    __m512 acc[4][QCMAX];
+    __m256 macc[QCMAX];   /* min terms: lanes r and 4 + r belong to row r */
+#pragma GCC unroll 16
+    for (int i = 0; i < R * C; i++) acc[i / C][i % C] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) macc[c] = _mm256_setzero_ps();
+    pd_pf pf = pf_init(w, nb * bb, ws);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        step_q(T, R, C, 1, w + b * bb, ws, x, xs, b, acc, macc, pf.p);
+        pf_advance(&pf, 2 * bb);
+    }
+    if (b < nb) step_q(T, R, C, 0, w + b * bb, ws, x, xs, b, acc, macc, pf.p);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float m[8];
+        _mm256_storeu_ps(m, macc[c]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            y[c * ys + r] = has_min(T) ? hsum512(acc[r][c]) + (m[r] + m[4 + r]) : hsum512(acc[r][c]);
+    }
+}
+
+/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
+ * groups of up to CM. TILE(R, C, row0, col0) must be a macro of constant R, C. */
+#define RUN_TILES(CM, TILE)                                                                   \
+    _Static_assert(CM >= 1 && CM <= 4, "RUN_TILES has cases for up to 4 columns");            \
+    for (int r = 0; r < nrows;) {                                                             \
+        const int R = nrows - r >= 4 ? 4 : 1;                                                 \
+        for (int c = 0; c < ncols;) {                                                         \
+            const int C = ncols - c >= CM ? CM : ncols - c;                                   \
+            switch (R * 8 + C) {                                                              \
+            case 4 * 8 + 1: TILE(4, 1, r, c); break;                                          \
+            case 4 * 8 + 2: TILE(4, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 4 * 8 + 3: TILE(4, CM > 2 ? 3 : 1, r, c); break;                             \
+            case 4 * 8 + 4: TILE(4, CM > 3 ? 4 : 1, r, c); break;                             \
+            case 1 * 8 + 1: TILE(1, 1, r, c); break;                                          \
+            case 1 * 8 + 2: TILE(1, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 1 * 8 + 3: TILE(1, CM > 2 ? 3 : 1, r, c); break;                             \
+            default:        TILE(1, CM > 3 ? 4 : 1, r, c); break;                             \
+            }                                                                                 \
+            c += C;                                                                           \
+        }                                                                                     \
+        r += R;                                                                               \
+    }
+
+#define Q_MATMUL(name, T)                                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
+                     int ncols, float *y, size_t ys) {                                       \
+        const int nb = k / PD_QK;                                                             \
+        RUN_TILES(QCMAX, Q_TILE_##T)                                                          \
+    }
+#define Q_TILE(T, R_, C_, r, c)                                                               \
+    tile_q(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
+           y + (c) * ys + (r), ys)
+#define Q_TILE_T_Q4_0(R_, C_, r, c) Q_TILE(T_Q4_0, R_, C_, r, c)
+#define Q_TILE_T_Q4_1(R_, C_, r, c) Q_TILE(T_Q4_1, R_, C_, r, c)
+#define Q_TILE_T_Q5_0(R_, C_, r, c) Q_TILE(T_Q5_0, R_, C_, r, c)
+#define Q_TILE_T_Q5_1(R_, C_, r, c) Q_TILE(T_Q5_1, R_, C_, r, c)
+Q_MATMUL(matmul_q4_0, T_Q4_0)
+Q_MATMUL(matmul_q4_1, T_Q4_1)
+Q_MATMUL(matmul_q5_0, T_Q5_0)
+Q_MATMUL(matmul_q5_1, T_Q5_1)
+
+/* Q8_0 prefill: a register holds block b of two ROWS (row 2p in the low half, 2p + 1 in the
+ * high half) against the column's block b in both halves. Each half then accumulates its row
+ * exactly as kernels_avx2.c's tile_q does (the same 8 int32 sums of 4 products per block,
+ * the same dw*dx, fmadds in block order, the same final reduction), so every output is
+ * bit-identical to the AVX2 kernel's, which does Q8_0 decode (one column; see the header). */
+AI void tile_q8_rows(int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
+                     float *y, size_t ys) {
+    const int T = T_Q8_0, P = (R + 1) / 2;
+    const size_t bb = blk_bytes(T);
+    __m512 acc[2][QCMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < P * C; i++) acc[i / C][i % C] = _mm512_setzero_ps();
+    pd_pf pf = pf_init(w, nb * bb, ws);
+    for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
+        const char *wb = w + b * bb;
+        const __m128 dw = load_h4(wb, ws, R);
+        __m512i xq[QCMAX], seed[QCMAX];
+        __m512 dd[QCMAX];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
+            xq[c] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->qs));
+            seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                           _mm512_set1_epi8((char)offset(T)), xq[c]));
+            dd[c] = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(xb->d)));   /* lane r: row r */
+        }
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) {
+            const int r0 = 2 * p, r1 = 2 * p + 1 < R ? 2 * p + 1 : 2 * p;   /* R = 1: row 0 twice */
+            _mm_prefetch(pf.p + r0 * ws, _MM_HINT_T0);
+            if (r1 != r0) _mm_prefetch(pf.p + r1 * ws, _MM_HINT_T0);
+            const __m512i u = unpack2(T, wb + r0 * ws, wb + r1 * ws);
+            const __m512i idx = _mm512_setr_epi32(r0, r0, r0, r0, r0, r0, r0, r0,
+                                                  r0 + 1, r0 + 1, r0 + 1, r0 + 1, r0 + 1, r0 + 1, r0 + 1, r0 + 1);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m512i is = _mm512_dpbusd_epi32(seed[c], u, xq[c]);
+                const __m512 sc = _mm512_permutexvar_ps(idx, dd[c]);
+                acc[p][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sc, acc[p][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {   /* + 0.0f: kernels_avx2.c adds its (zero) min term */
+            const __m512 a = acc[r / 2][c];
+            y[c * ys + r] = hsum256(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a)) + 0.0f;
+        }
+}
+
+#define Q8_TILE(R_, C_, r, c)                                                                 \
+    tile_q8_rows(R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,   \
+                 y + (c) * ys + (r), ys)
+
+/* Q8_0 decode (one column) streams 8.5 bits per weight: kernels_avx2.c's loop is memory-bound
+ * already, and the faster loops of this file streamed less from DRAM (see the header). */
+static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                        int ncols, float *y, size_t ys) {
+    if (ncols == 1) {
+        pd_avx2_matmul_q8_0(k, w, ws, nrows, x, xs, ncols, y, ys);
+        return;
+    }
+    const int nb = k / PD_QK;
+    RUN_TILES(QCMAX, Q8_TILE)
+}
+
+/* ---------------------------------------------------------------- K-quants x pd_q8k
+ *
+ * A super-block row is unpacked to 4 registers u[j] of 64 unsigned quants (stored values,
+ * offsets not removed); which 32-value chunks t (values 32t..32t+31) share a register follows
+ * the storage of each format:
+ *   Q2_K, Q3_K: u[g] = chunks g | 4+g    (2-bit field g of the 64 qs bytes)
+ *   Q4_K, Q5_K: u[0..3] = 0|2, 1|3, 4|6, 5|7   (low / high nibbles of qs[0..63], qs[64..127])
+ *   Q6_K:       u[0..3] = 0|1, 2|3, 4|5, 6|7   (low / high nibbles of ql[0..63], ql[64..127])
+ * The activations of a column are rearranged the same way once per super-block (act_k). Each
+ * 128-bit lane of a register is 16 values of one sub-block, so the int16 scale vector of u[j]
+ * has one scale per lane (vpermw from the 16 scales). Sums as in kernels_avx2.c: isum (int32,
+ * 16 lanes) of sc*u*a, offsets off * sum sc*bsums (Q3_K 4, Q6_K 32) and minima sum m*bsums
+ * through vpmaddwd; per super-block the rows' sums are reduced together and converted once.
+ */
+enum { T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K };
+
+AI size_t kblk_bytes(int T) {
+    return T == T_Q2_K ? sizeof(pd_block_q2_k) : T == T_Q3_K ? sizeof(pd_block_q3_k)
+         : T == T_Q4_K ? sizeof(pd_block_q4_k) : T == T_Q5_K ? sizeof(pd_block_q5_k)
+         : sizeof(pd_block_q6_k);
+}
+AI int k_has_min(int T) { return T == T_Q2_K || T == T_Q4_K || T == T_Q5_K; }
+AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with a minimum) */
+    return T == T_Q2_K ? offsetof(pd_block_q2_k, d) : T == T_Q3_K ? offsetof(pd_block_q3_k, d)
+         : T == T_Q6_K ? offsetof(pd_block_q6_k, d) : 0;
+}
+
+/* Q4_K/Q5_K scale bytes -> [sc0..7, m0..7] (kernels_avx2.c). Reads 16 bytes (the block goes on). */
+AI __m128i scales_k4(const char *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303));
+    return _mm_or_si128(lo, _mm_slli_epi32(hi, 4));
+}
+/* Q3_K scale bytes -> 16 signed scales. Reads exactly 12 bytes. */
+AI __m128i scales_q3k(const char *s) {
+    int32_t a2;
+    memcpy(&a2, s + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), a2, 2);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m128i h = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+
+/* Word indices: scale vector j of the format, 8 copies of one of the 16 int16 scales per lane. */
+AI __m512i kscale_idx(int T, int j) {
+    int s[4];
+    if (T == T_Q2_K || T == T_Q3_K) { s[0] = 2 * j; s[1] = 2 * j + 1; s[2] = 8 + 2 * j; s[3] = 9 + 2 * j; }
+    else if (T == T_Q6_K) { s[0] = 4 * j; s[1] = 4 * j + 1; s[2] = 4 * j + 2; s[3] = 4 * j + 3; }
+    else { const int t0 = j < 2 ? j : j + 2; s[0] = s[1] = t0; s[2] = s[3] = t0 + 2; }   /* Q4/5_K */
+    return _mm512_set_epi16(s[3], s[3], s[3], s[3], s[3], s[3], s[3], s[3],
+                            s[2], s[2], s[2], s[2], s[2], s[2], s[2], s[2],
+                            s[1], s[1], s[1], s[1], s[1], s[1], s[1], s[1],
+                            s[0], s[0], s[0], s[0], s[0], s[0], s[0], s[0]);
+}
+
+/* A column's super-block activations, arranged as the format's u[j] (see above). */
+AI void act_k(int T, const pd_q8k *xb, __m512i a[4]) {
+    const __m512i x0 = _mm512_loadu_si512(xb->qs), x1 = _mm512_loadu_si512(xb->qs + 64),
+                  x2 = _mm512_loadu_si512(xb->qs + 128), x3 = _mm512_loadu_si512(xb->qs + 192);
+    if (T == T_Q6_K) { a[0] = x0; a[1] = x1; a[2] = x2; a[3] = x3; return; }
+    if (T == T_Q4_K || T == T_Q5_K) {      /* 0|2, 1|3, 4|6, 5|7 */
+        a[0] = _mm512_shuffle_i64x2(x0, x1, 0x44); a[1] = _mm512_shuffle_i64x2(x0, x1, 0xee);
+        a[2] = _mm512_shuffle_i64x2(x2, x3, 0x44); a[3] = _mm512_shuffle_i64x2(x2, x3, 0xee);
+        return;
+    }
+    /* Q2_K, Q3_K: g | 4+g */
+    a[0] = _mm512_shuffle_i64x2(x0, x2, 0x44); a[1] = _mm512_shuffle_i64x2(x0, x2, 0xee);
+    a[2] = _mm512_shuffle_i64x2(x1, x3, 0x44); a[3] = _mm512_shuffle_i64x2(x1, x3, 0xee);
+}
+
+/* Byte pattern selecting the bit of qh / hmask (both halves: the same 32 bytes) that is bit 4
+ * (Q5_K) or bit 2 (Q3_K) of register j's values: chunk t's bit is bit t. */
+AI __m512i kbit_sel(int T, int j) {
+    int t0, t1;
+    if (T == T_Q5_K) { t0 = j < 2 ? j : j + 2; t1 = t0 + 2; }
+    else { t0 = j; t1 = j + 4; }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << t0))),
+                              _mm256_set1_epi8((char)(1 << t1)), 1);
+}
+
+/* One row's super-block: the 4 unsigned quant registers and the 16 int16 scales. */
+AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mins16) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (T == T_Q4_K || T == T_Q5_K) {
+        const __m128i scm = scales_k4(blk + 4);
+        *sc16 = _mm256_cvtepu8_epi16(scm);   /* sc0..7, m0..7 */
+        *mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));   /* m0 m0 m1 m1 .. */
+        const char *qs = blk + (T == T_Q4_K ? offsetof(pd_block_q4_k, qs) : offsetof(pd_block_q5_k, qs));
+        const __m512i v0 = _mm512_loadu_si512(qs), v1 = _mm512_loadu_si512(qs + 64);
+        u[0] = _mm512_and_si512(v0, m4);
+        u[1] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+        u[2] = _mm512_and_si512(v1, m4);
+        u[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+        if (T == T_Q5_K) {
+            const __m512i qh = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(blk + offsetof(pd_block_q5_k, qh))));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(qh, kbit_sel(T, j)), u[j],
+                                            _mm512_set1_epi8(0x10));
+        }
+        return;
+    }
+    if (T == T_Q2_K || T == T_Q3_K) {
+        if (T == T_Q2_K) {
+            const __m128i sm = _mm_loadu_si128((const __m128i *)blk);
+            *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0f)));
+            *mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0f)));
+        } else {
+            *sc16 = _mm256_cvtepi8_epi16(scales_q3k(blk + offsetof(pd_block_q3_k, scales)));
+        }
+        const char *qs = blk + (T == T_Q2_K ? offsetof(pd_block_q2_k, qs) : offsetof(pd_block_q3_k, qs));
+        const __m512i v = _mm512_loadu_si512(qs), m3 = _mm512_set1_epi8(3);
+        u[0] = _mm512_and_si512(v, m3);
+        u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
+        u[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
+        u[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
+        if (T == T_Q3_K) {
+            const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(hm, kbit_sel(T, j)), u[j],
+                                            _mm512_set1_epi8(4));
+        }
+        return;
+    }
+    /* Q6_K: per half h, 64 bytes of low nibbles (chunks 4h, 4h+1 low; 4h+2, 4h+3 high) and
+     * 32 bytes of 2-bit pairs (chunk 4h+g at bits 2g), moved to bits 4..5 by 64-bit shifts */
+    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(pd_block_q6_k, scales))));
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(blk + offsetof(pd_block_q6_k, qh) + 32 * h)));
+        const __m512i hlo = _mm512_sllv_epi64(qh, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2));
+        const __m512i hhi = _mm512_srlv_epi64(qh, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2));
+        /* (a & 0x0f) | (b & 0x30) as one bit select c ? a : b with c = 0x0f, b masked first */
+        u[2 * h] = _mm512_ternarylogic_epi32(l, _mm512_and_si512(hlo, m30), m4, 0xe4);
+        u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), _mm512_and_si512(hhi, m30), m4, 0xe4);
+    }
+}
+
+AI __m256i fold(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* [sum of the 8 lanes of v[j]] for j < 8 / for j < 4 (kernels_avx2.c). */
+AI __m256i reduce8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+AI __m128i reduce4(const __m256i v[4]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+}
+
+/* Y[c][r] for an R x C tile over nb super-blocks. */
+AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
+               float *y, size_t ys) {
+    const size_t bb = kblk_bytes(T);
+    __m256 acc[KCMAX];   /* lanes 0..3: d-terms of rows 0..3, lanes 4..7: (-)min terms */
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    pd_pf pf = pf_init(w, nb * bb, ws);
+    for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
+        const char *wb = w + b * bb;
+        const pd_q8k *xb[KCMAX];
+        __m512i a[KCMAX][4];
+        __m256i bs[KCMAX];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            xb[c] = (const pd_q8k *)(x + c * xs) + b;
+            act_k(T, xb[c], a[c]);
+            bs[c] = _mm256_loadu_si256((const __m256i *)xb[c]->bsums);
+        }
+        __m256i isum[KCMAX][8];   /* [c][r]: rows in 0..3, min sums in 4..7, as reduce8 takes */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            for (size_t o = 0; o < bb; o += 64) _mm_prefetch(pf.p + r * ws + o, _MM_HINT_T0);
+            __m512i u[4];
+            __m256i sc16, mins16 = _mm256_setzero_si256();
+            kunpack(T, wb + r * ws, u, &sc16, &mins16);
+            __m512i scv[4];
+            const __m512i s512 = _mm512_castsi256_si512(sc16);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) scv[j] = _mm512_permutexvar_epi16(kscale_idx(T, j), s512);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u[j], a[c][j]), scv[j]);
+                __m256i f = fold(s);
+                if (T == T_Q3_K || T == T_Q6_K)   /* stored offset off = 4 / 32 */
+                    f = _mm256_sub_epi32(f, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs[c]), T == T_Q3_K ? 2 : 5));
+                isum[c][r] = f;
+                if (k_has_min(T)) isum[c][4 + r] = _mm256_madd_epi16(mins16, bs[c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+            for (int r = R; r < 4; r++) isum[c][r] = isum[c][4 + r] = _mm256_setzero_si256();
+        const __m128 d = load_h4(wb + k_d_off(T), ws, R);
+        if (k_has_min(T)) {
+            const __m128 dmin = load_h4(wb + k_d_off(T) + 2, ws, R);
+            const __m256 dd = _mm256_set_m128(_mm_xor_ps(dmin, _mm_set1_ps(-0.0f)), d);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[c])),
+                                         _mm256_mul_ps(dd, _mm256_set1_ps(xb[c]->d)), acc[c]);
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m128 s = _mm_cvtepi32_ps(reduce4(isum[c]));
+                const __m128 a4 = _mm_fmadd_ps(s, _mm_mul_ps(d, _mm_set1_ps(xb[c]->d)),
+                                               _mm256_castps256_ps128(acc[c]));
+                acc[c] = _mm256_castps128_ps256(a4);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float v[8];
+        _mm256_storeu_ps(v, acc[c]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[c * ys + r] = k_has_min(T) ? v[r] + v[4 + r] : v[r];
+    }
+}
+
+#define K_MATMUL(name, T)                                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
+                     int ncols, float *y, size_t ys) {                                       \
+        const int nb = k / PD_QKK;                                                            \
+        RUN_TILES(KCMAX, K_TILE_##T)                                                          \
+    }
+#define K_TILE(T, R_, C_, r, c)                                                               \
+    tile_k(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
+           y + (c) * ys + (r), ys)
+#define K_TILE_T_Q2_K(R_, C_, r, c) K_TILE(T_Q2_K, R_, C_, r, c)
+#define K_TILE_T_Q3_K(R_, C_, r, c) K_TILE(T_Q3_K, R_, C_, r, c)
+#define K_TILE_T_Q4_K(R_, C_, r, c) K_TILE(T_Q4_K, R_, C_, r, c)
+#define K_TILE_T_Q5_K(R_, C_, r, c) K_TILE(T_Q5_K, R_, C_, r, c)
+#define K_TILE_T_Q6_K(R_, C_, r, c) K_TILE(T_Q6_K, R_, C_, r, c)
+K_MATMUL(matmul_q2_k, T_Q2_K)
+K_MATMUL(matmul_q3_k, T_Q3_K)
+K_MATMUL(matmul_q4_k, T_Q4_K)
+K_MATMUL(matmul_q5_k, T_Q5_K)
+K_MATMUL(matmul_q6_k, T_Q6_K)
+
+/* ---------------------------------------------------------------- float formats x float
+ * Decode (one column) is pure streaming: the AVX2 kernels (exported by kernels_avx2.c; this
+ * file's 16-wide loop streamed less from DRAM, see the header). Prefill: kernels_avx2.c's
+ * tile_f with two ROWS per register (8 values of row 2p low, of row 2p + 1 high, against the
+ * column's 8 values in both halves): each half does its row's fmadds, reduction and scalar
+ * tail exactly as the AVX2 kernel, so one column or many give the same bits. */
+
+enum { T_F32, T_F16, T_BF16 };
+
+/* Values i..i+7 of rows a (low half) and b (high half) as floats. */
+AI __m512 load8x2(int T, const char *a, const char *b, int i) {
+    if (T == T_F32)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)a + i)),
+                                  _mm256_loadu_ps((const float *)b + i), 1);
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)a + i))),
+        _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i)), 1);
+    if (T == T_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));   /* bf16 */
+}
+AI float load1(int T, const char *row, int i) {   /* kernels_avx2.c's */
+    return T == T_F32 ? ((const float *)row)[i]
+         : T == T_F16 ? _cvtsh_ss(((const uint16_t *)row)[i])
+                      : pd_bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
+AI void tile_f_rows(int T, int R, int C, int k, const char *w, size_t ws, const char *x,
+                    size_t xs, float *y, size_t ys) {
+    const int P = (R + 1) / 2;
+    __m512 acc[2][FCMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < P * C; i++) acc[i / C][i % C] = _mm512_setzero_ps();
+    const size_t es = T == T_F32 ? 4 : 2;
+    pd_pf pf = pf_init(w, k * es, ws);
+    int i = 0;
+    for (; i + 8 <= k; i += 8, pf_advance(&pf, 8 * es)) {
+        __m512 xv[FCMAX];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) xv[c] = _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(x + c * xs) + i));
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) {
+            const int r0 = 2 * p, r1 = 2 * p + 1 < R ? 2 * p + 1 : 2 * p;   /* R = 1: row 0 twice */
+            _mm_prefetch(pf.p + r0 * ws, _MM_HINT_T0);
+            if (r1 != r0) _mm_prefetch(pf.p + r1 * ws, _MM_HINT_T0);
+            const __m512 wv = load8x2(T, w + r0 * ws, w + r1 * ws, i);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[p][c] = _mm512_fmadd_ps(wv, xv[c], acc[p][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const float *xc = (const float *)(x + c * xs);
+            const __m512 a = acc[r / 2][c];
+            float s = hsum256(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
+            for (int j = i; j < k; j++) s += load1(T, w + r * ws, j) * xc[j];
+            y[c * ys + r] = s;
+        }
+}
+
+#define F_TILE(T, R_, C_, r, c)                                                               \
+    tile_f_rows(T, R_, C_, k, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs, \
+                y + (c) * ys + (r), ys)
+#define F_TILE_T_F32(R_, C_, r, c) F_TILE(T_F32, R_, C_, r, c)
+#define F_TILE_T_F16(R_, C_, r, c) F_TILE(T_F16, R_, C_, r, c)
+#define F_TILE_T_BF16(R_, C_, r, c) F_TILE(T_BF16, R_, C_, r, c)
+#define F_MATMUL(name, T)                                                                     \
+    static void matmul_##name(int k, const void *w, size_t ws, int nrows, const void *x,     \
+                              size_t xs, int ncols, float *y, size_t ys) {                    \
+        if (ncols == 1) {                                                                     \
+            pd_avx2_matmul_##name(k, w, ws, nrows, x, xs, ncols, y, ys);                      \
+            return;                                                                           \
+        }                                                                                     \
+        RUN_TILES(FCMAX, F_TILE_##T)                                                          \
+    }
+F_MATMUL(f32, T_F32)
+F_MATMUL(f16, T_F16)
+F_MATMUL(bf16, T_BF16)
+
+/* ---------------------------------------------------------------- attention / KV helpers
+ * Tails by masked loads and stores: no scalar loop, no reads or writes past n. */
+
+AI __mmask16 tail_mask(int n) { return (__mmask16)((1u << n) - 1); }
+
+static float dot_f32(const float *a, const float *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return hsum512(_mm512_add_ps(s0, s1));
+}
+
+AI __m512 ld_h16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+AI __m512 ld_h16_tail(const uint16_t *p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
+static float dot_f16(const float *a, const uint16_t *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), ld_h16(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), ld_h16(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), ld_h16(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), ld_h16_tail(b + i, m), s1);
+    }
+    return hsum512(_mm512_add_ps(s0, s1));
+}
+
+static void axpy_f32(float *y, float a, const float *x, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, ld_h16(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, ld_h16_tail(x + i, m),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void f32_to_f16(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)   /* vcvtps2ph rounds to nearest even, like pd_f32_to_f16 */
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(y + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                                           _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+const pd_kernels pd_kernels_avx512 = {
+    .name = "avx512",
+    .quantize_q8 = quantize_q8,
+    .quantize_q8k = quantize_q8k,
+    .matmul = {
+        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
+        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
+        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
+        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
+        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
+    },
+    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
+    .f32_to_f16 = f32_to_f16,
+};
+#endif
