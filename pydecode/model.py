@@ -180,7 +180,7 @@ class Model:
         if ptr == ffi.NULL:
             msg = ffi.string(err).decode(errors="replace")
             if "instruction set" in msg:
-                raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar, avx2)")
+                raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar, avx2, avxvnni, avx512)")
             raise ModelError(f"{self.path}: {msg}")
         self._ptr = ptr
 

@@ -30,7 +30,7 @@ def _rel(a, b):
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512"])
 def test_tiny_logits_match_reference(tiny, isa):
     from pydecode._core import lib
 

@@ -14,7 +14,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Then the fox"
 N_DECODE = 8
 
 
-@pytest.fixture(scope="module", params=["scalar", "avx2"])
+@pytest.fixture(scope="module", params=["scalar", "avx2", "avxvnni", "avx512"])
 def model(request, smollm_path):
     from pydecode._core import ffi, lib
 

@@ -55,7 +55,7 @@ def _rel(a, b):
     assert np.array_equal(np.argmax(ours, 1)[clear], np.argmax(ref, 1)[clear])
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512"])
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
 def test_logits_match_reference(smollm_path, tokens, references, isa, kv_type):
     from pydecode._core import lib
