@@ -6,13 +6,15 @@
 Each session is a short generation with its own prompt and sampler settings (greedy, seeded
 sampling with penalties, a stop string, logprobs, a chat turn, or a stream abandoned midway);
 every --reload-every sessions the model is closed and loaded again (pd_model_free, the mapping,
-the tokenizer). RSS (anonymous and file-backed, after gc) is printed every --report-every tokens;
-the verdict compares the anonymous RSS (heap: where a leak shows) once warmed up (after the first reload cycle) with the end, and fits a slope over the
-second half. Exit status 1 if RSS grew more than --max-growth-mb after warm-up.
+the tokenizer). RSS (anonymous and file-backed, after gc + malloc_trim) is printed every --report-every tokens;
+the verdict compares the anonymous RSS (heap: where a leak shows) at the end with its highest
+point in the first half, and fits a slope over the second half. Exit status 1 if both say it grew
+more than --max-growth-mb over the second half.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -33,6 +35,18 @@ PROMPTS = [
     "import numpy as np\n", "Q: What is 2+2?\nA:", "Le chat est", "\u4e2d\u6587\u662f",
     "Emoji: \U0001f600", "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
 ]
+
+
+try:
+    _trim = ctypes.CDLL("libc.so.6").malloc_trim   # glibc: give freed heap pages back first
+except (OSError, AttributeError):
+    _trim = None
+
+
+def settle() -> None:
+    gc.collect()
+    if _trim is not None:
+        _trim(0)
 
 
 def rss() -> tuple[int, int]:
@@ -84,13 +98,13 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-growth-mb", type=float, default=16.0)
+    ap.add_argument("--max-growth-mb", type=float, default=4.0)
     ap.add_argument("--json", action="store_true", help="print the samples as JSON at the end")
     a = ap.parse_args(argv)
 
     rng = random.Random(a.seed)
     load = lambda: pydecode.load(a.model, n_ctx=a.ctx, n_threads=a.threads)  # noqa: E731
-    gc.collect()
+    settle()
     rss0 = rss()[0]
     llm = load()
     samples = [(0, 0, 0.0, *rss())]            # (tokens, sessions, seconds, anon rss, file rss)
@@ -101,7 +115,6 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     total = sessions = reloads = 0
     next_report = a.report_every
-    warm_at = None
     while total < a.tokens:
         total += session(llm, rng, min(a.session_tokens, a.tokens - total))
         sessions += 1
@@ -109,21 +122,21 @@ def main(argv=None) -> int:
             llm.close()
             llm = load()
             reloads += 1
-            if warm_at is None:
-                warm_at = len(samples)
         if total >= next_report or total >= a.tokens:
-            gc.collect()
+            settle()
             dt = time.perf_counter() - t0
             samples.append((total, sessions, dt, *rss()))
             print(f"{total:>7} {sessions:>8} {reloads:>7} {dt:>8.1f} {total / dt:>6.1f} {samples[-1][3] / 2**20:>12.1f} "
                   f"{samples[-1][4] / 2**20:>12.1f}", flush=True)
             next_report += a.report_every
     llm.close()
-    gc.collect()
+    settle()
     end_rss = rss()[0]
 
-    warm = samples[warm_at if warm_at is not None and warm_at < len(samples) - 1 else min(2, len(samples) - 1)]
-    half = samples[len(samples) // 2:]
+    # Warm-up: allocator pools and fragmentation from reloads settle at some level; a leak keeps
+    # climbing. So the end is compared with the highest point of the first half.
+    first, half = samples[:max(2, len(samples) // 2)], samples[len(samples) // 2:]
+    warm = max(first, key=lambda s: s[3])
     slope = 0.0
     if len(half) >= 2:
         xs = [s[0] for s in half]
@@ -132,12 +145,17 @@ def main(argv=None) -> int:
         den = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
     growth = samples[-1][3] - warm[3]
-    print(f"anonymous RSS: start {samples[0][3] / 2**20:.1f} MiB, warm (at {warm[0]} tokens) {warm[3] / 2**20:.1f} MiB, "
-          f"end {samples[-1][3] / 2**20:.1f} MiB, max {max(s[3] for s in samples) / 2**20:.1f} MiB; "
-          f"growth after warm-up {growth / 2**20:+.1f} MiB; slope over the second half "
-          f"{slope * 1000 / 1024:+.1f} KiB per 1000 tokens; after the last close {end_rss / 2**20:.1f} MiB")
-    ok = growth <= a.max_growth_mb * 2**20
-    print("verdict:", "flat (no leak seen)" if ok else f"RSS GREW more than {a.max_growth_mb} MiB")
+    span = half[-1][0] - half[0][0] if len(half) >= 2 else 0
+    print(f"anonymous RSS: start {samples[0][3] / 2**20:.1f} MiB, first half max (at {warm[0]} tokens) "
+          f"{warm[3] / 2**20:.1f} MiB, end {samples[-1][3] / 2**20:.1f} MiB, max {max(s[3] for s in samples) / 2**20:.1f} "
+          f"MiB; end - first half's max {growth / 2**20:+.1f} MiB; slope over the second half "
+          f"{slope * 1000 / 1024:+.1f} KiB per 1000 tokens ({slope * span / 2**20:+.1f} MiB over its {span} tokens); "
+          f"after the last close {end_rss / 2**20:.1f} MiB (before the first load {rss0 / 2**20:.1f})")
+    # A leak: the second half still climbs (fitted), and ends above the first half's peak.
+    climb = min(growth, slope * span)
+    ok = climb <= a.max_growth_mb * 2**20
+    print("verdict:", "flat (no leak seen)" if ok else
+          f"RSS STILL GROWS: {climb / 2**20:.1f} MiB over the second half (limit {a.max_growth_mb} MiB)")
     if a.json:
         print(json.dumps({"samples": [dict(tokens=t, sessions=s, seconds=d, rss_anon=r, rss_file=f)
                                       for t, s, d, r, f in samples],

@@ -159,7 +159,7 @@ def test_kv_formula_equals_allocation_gemma(gemma_path):
     m.close()
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512"])
 def test_verify_sliding_window_ring_wraps(tiny_gemma, isa):
     """Window 4, n_batch 2: local layers keep a ring of 6 that wraps; the cache still equals
     recomputing, and the bytes in use count the window (4) for local layers."""
@@ -219,7 +219,7 @@ class _TinyAttentionModel:
 
 @pytest.mark.parametrize("f16", [False, True], ids=["f32", "f16"])
 @pytest.mark.parametrize("head_dim", [2, 32])
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512"])
 def test_hand_worked_attention_example(isa, head_dim, f16):
     if not lib.pd_isa_supported(isa.encode()):
         pytest.skip(f"{isa} not supported by this CPU or build")
