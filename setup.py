@@ -1,4 +1,5 @@
 """Build of pydecode's C core: cffi API mode, plus per-ISA kernel files with their own flags."""
+import concurrent.futures
 import os
 import platform
 import runpy
@@ -35,14 +36,19 @@ class BuildExt(build_ext):
             here = os.path.dirname(os.path.abspath(__file__))
             ext.depends = list(ext.depends or []) + sorted(
                 os.path.join("csrc", f) for f in os.listdir(os.path.join(here, "csrc")) if f.endswith((".c", ".h")))
-            for src, (flags, macro) in isa_sources().items():
-                objs = self.compiler.compile(
-                    [src],
-                    output_dir=self.build_temp,
-                    include_dirs=["csrc"],
-                    extra_postargs=COMMON_FLAGS + flags + ["-fPIC"],
-                )
-                ext.extra_objects = list(ext.extra_objects or []) + objs
+            # The ISA files are the slow ones (big SIMD kernels at -O3, or under the sanitizers):
+            # compiled side by side, one compiler process per core.
+            sources = isa_sources()
+
+            def compile_one(src):
+                flags, _ = sources[src]
+                return self.compiler.compile([src], output_dir=self.build_temp, include_dirs=["csrc"],
+                                             extra_postargs=COMMON_FLAGS + flags + ["-fPIC"])
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+                for objs in pool.map(compile_one, list(sources)):
+                    ext.extra_objects = list(ext.extra_objects or []) + objs
+            for _, macro in sources.values():
                 if (macro, "1") not in (ext.define_macros or []):
                     ext.define_macros = list(ext.define_macros or []) + [(macro, "1")]
         super().build_extension(ext)

@@ -63,30 +63,21 @@ int pd_kernel_dequantize_row(int type, const void *w, float *y, int k) {
 }
 
 /* One query against n_pos cached K/V rows: out = softmax(scale * q.K^T) V. The max is
- * subtracted before exp so large scores cannot overflow; out is normalized once at the end. */
+ * subtracted before exp so large scores cannot overflow. */
 int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out) {
     const pd_kernels *kt = pd_kernels_select(isa);
     if (!kt || !q || !k || !v || !out || n_pos <= 0 || head_dim <= 0) return PD_EINVAL;
     float *p = malloc((size_t)n_pos * sizeof(float));
     if (!p) return PD_ENOMEM;
+    /* the same kernel calls as attend() in model.c */
+    kt->attn_scores(q, k, (size_t)head_dim, n_pos, head_dim, scale, f16, p);
     float mx = -INFINITY;
-    for (int i = 0; i < n_pos; i++) {
-        const size_t off = (size_t)i * head_dim;
-        p[i] = scale * (f16 ? kt->dot_f16(q, (const uint16_t *)k + off, head_dim)
-                            : kt->dot_f32(q, (const float *)k + off, head_dim));
-        mx = p[i] > mx ? p[i] : mx;
-    }
-    float sum = 0.0f;
+    for (int i = 0; i < n_pos; i++) mx = p[i] > mx ? p[i] : mx;
+    const float inv = 1.0f / kt->exp_sub(p, n_pos, mx);
+    for (int i = 0; i < n_pos; i++) p[i] *= inv;
     memset(out, 0, (size_t)head_dim * sizeof(float));
-    for (int i = 0; i < n_pos; i++) {
-        const size_t off = (size_t)i * head_dim;
-        const float e = expf(p[i] - mx);
-        sum += e;
-        if (f16) kt->axpy_f16(out, e, (const uint16_t *)v + off, head_dim);
-        else kt->axpy_f32(out, e, (const float *)v + off, head_dim);
-    }
-    for (int j = 0; j < head_dim; j++) out[j] /= sum;
+    kt->attn_accum(out, p, v, (size_t)head_dim, n_pos, head_dim, f16);
     free(p);
     return PD_OK;
 }

@@ -159,6 +159,12 @@ typedef struct {
     void (*axpy_f32)(float *y, float a, const float *x, int n);      /* y += a*x */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);   /* attention: acc += p*V row */
     void (*f32_to_f16)(const float *x, uint16_t *y, int n);          /* KV cache append */
+    /* Attention over n cached rows (row i at k + i*stride elements, F16 if f16 else F32):
+     * s[i] = scale * q . K_i;  exp_sub: x[i] = exp(x[i] - shift), returns the sum;
+     * attn_accum: out += sum_i w[i] * V_i. One call per head and contiguous run of positions. */
+    void (*attn_scores)(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
+    float (*exp_sub)(float *x, int n, float shift);
+    void (*attn_accum)(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
 } pd_kernels;
 
 extern const pd_kernels pd_kernels_scalar;

@@ -17,6 +17,7 @@
 #if defined(__AVX2__)
 #include "kernels.h"
 #include <immintrin.h>
+#include "exp_avx2.h"
 #include <stddef.h>
 #include <string.h>
 
@@ -678,6 +679,86 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
 }
 
+/* ---- attention over the KV cache ----
+ * Scores: 4 rows at a time against q held in registers (one hadd tree per 4 rows); the
+ * weighted sum: 64 output dims in 8 accumulators while the rows stream past. F16 rows are
+ * widened with vcvtph2ps on the fly, never copied. hd need not be a multiple of 8. */
+AI __m256 ld_kv8(const void *p, size_t i, int f16) {
+    return f16 ? ld_h8((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+AI float ld_kv1(const void *p, size_t i, int f16) {
+    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s) {
+    const int h8 = hd & ~7;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const size_t r = (size_t)i * stride;
+        for (int j = 0; j < h8; j += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + j);
+            a0 = _mm256_fmadd_ps(qv, ld_kv8(k, r + j, f16), a0);
+            a1 = _mm256_fmadd_ps(qv, ld_kv8(k, r + stride + j, f16), a1);
+            a2 = _mm256_fmadd_ps(qv, ld_kv8(k, r + 2 * stride + j, f16), a2);
+            a3 = _mm256_fmadd_ps(qv, ld_kv8(k, r + 3 * stride + j, f16), a3);
+        }
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        float tail[4] = { 0, 0, 0, 0 };
+        for (int j = h8; j < hd; j++)
+            for (int c = 0; c < 4; c++) tail[c] += q[j] * ld_kv1(k, r + c * stride + j, f16);
+        v = _mm_add_ps(v, _mm_loadu_ps(tail));
+        _mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
+    }
+    for (; i < n; i++) {
+        const size_t r = (size_t)i * stride;
+        __m256 a = _mm256_setzero_ps();
+        for (int j = 0; j < h8; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), ld_kv8(k, r + j, f16), a);
+        float t = hsum(a);
+        for (int j = h8; j < hd; j++) t += q[j] * ld_kv1(k, r + j, f16);
+        s[i] = scale * t;
+    }
+}
+
+static float exp_sub(float *x, int n, float shift) {
+    const __m256 sh = _mm256_set1_ps(shift);
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) {
+        x[i] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(x[i] - shift)));
+        sum += x[i];
+    }
+    return sum;
+}
+
+static void attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16) {
+    int j0 = 0;
+    for (; j0 + 64 <= hd; j0 += 64) {
+        __m256 a[8];
+        for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(out + j0 + 8 * c);
+        for (int i = 0; i < n; i++) {
+            const __m256 wi = _mm256_set1_ps(w[i]);
+            const size_t r = (size_t)i * stride + j0;
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(wi, ld_kv8(v, r + 8 * c, f16), a[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + j0 + 8 * c, a[c]);
+    }
+    for (; j0 + 8 <= hd; j0 += 8) {
+        __m256 a = _mm256_loadu_ps(out + j0);
+        for (int i = 0; i < n; i++) a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), ld_kv8(v, (size_t)i * stride + j0, f16), a);
+        _mm256_storeu_ps(out + j0, a);
+    }
+    for (; j0 < hd; j0++)
+        for (int i = 0; i < n; i++) out[j0] += w[i] * ld_kv1(v, (size_t)i * stride + j0, f16);
+}
+
 const pd_kernels pd_kernels_avx2 = {
     .name = "avx2",
     .quantize_q8 = quantize_q8,
@@ -692,6 +773,7 @@ const pd_kernels pd_kernels_avx2 = {
     .dot_f32 = dot_f32, .dot_f16 = dot_f16,
     .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
+    .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
 };
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels_avxvnni.c, kernels_avx512.c): where
@@ -708,4 +790,7 @@ PD_AVX2_EXPORT(dot_f16)
 PD_AVX2_EXPORT(axpy_f32)
 PD_AVX2_EXPORT(axpy_f16)
 PD_AVX2_EXPORT(f32_to_f16)
+PD_AVX2_EXPORT(attn_scores)
+PD_AVX2_EXPORT(exp_sub)
+PD_AVX2_EXPORT(attn_accum)
 #endif

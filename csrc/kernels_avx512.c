@@ -796,6 +796,11 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     }
 }
 
+/* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
+void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
+float pd_avx2_exp_sub(float *x, int n, float shift);
+void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+
 const pd_kernels pd_kernels_avx512 = {
     .name = "avx512",
     .quantize_q8 = quantize_q8,
@@ -810,5 +815,6 @@ const pd_kernels pd_kernels_avx512 = {
     .dot_f32 = dot_f32, .dot_f16 = dot_f16,
     .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
+    .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
 };
 #endif

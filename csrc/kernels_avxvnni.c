@@ -451,6 +451,11 @@ K_MATMUL(matmul_q4_k, T_Q4_K)
 K_MATMUL(matmul_q5_k, T_Q5_K)
 K_MATMUL(matmul_q6_k, T_Q6_K)
 
+/* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
+void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
+float pd_avx2_exp_sub(float *x, int n, float shift);
+void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+
 const pd_kernels pd_kernels_avxvnni = {
     .name = "avxvnni",
     .quantize_q8 = pd_avx2_quantize_q8,
@@ -465,5 +470,6 @@ const pd_kernels pd_kernels_avxvnni = {
     .dot_f32 = pd_avx2_dot_f32, .dot_f16 = pd_avx2_dot_f16,
     .axpy_f32 = pd_avx2_axpy_f32, .axpy_f16 = pd_avx2_axpy_f16,
     .f32_to_f16 = pd_avx2_f32_to_f16,
+    .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
 };
 #endif

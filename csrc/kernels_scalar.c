@@ -222,6 +222,22 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
 }
 
+static void attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s) {
+    for (int i = 0; i < n; i++)
+        s[i] = scale * (f16 ? dot_f16(q, (const uint16_t *)k + i * stride, hd) : dot_f32(q, (const float *)k + i * stride, hd));
+}
+static float exp_sub(float *x, int n, float shift) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - shift); sum += x[i]; }
+    return sum;
+}
+static void attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16) {
+    for (int i = 0; i < n; i++) {
+        if (f16) axpy_f16(out, w[i], (const uint16_t *)v + i * stride, hd);
+        else axpy_f32(out, w[i], (const float *)v + i * stride, hd);
+    }
+}
+
 const pd_kernels pd_kernels_scalar = {
     .name = "scalar",
     .quantize_q8 = quantize_q8,
@@ -236,4 +252,5 @@ const pd_kernels pd_kernels_scalar = {
     .dot_f32 = dot_f32, .dot_f16 = dot_f16,
     .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
+    .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
 };

@@ -23,9 +23,10 @@ struct pd_model {
     pd_pool *pool;
     pd_tensor g[PD_GLOBAL_SLOTS];
     pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
-    /* KV cache: per layer [kv_cap[l]][n_head_kv * head_dim], F16 or F32. Position p lives in
-     * slot p % kv_cap[l]: global layers hold n_ctx positions, sliding-window layers a ring of
-     * window + n_batch (a prefill chunk's earliest query still sees its whole window). */
+    /* KV cache: per layer [n_seq][kv_cap[l]][n_head_kv * head_dim], F16 or F32: one slot per
+     * sequence. Position p of sequence s lives in row p % kv_cap[l] of slot s: global layers hold
+     * n_ctx positions, sliding-window layers a ring of window + n_batch (a step's earliest query
+     * of a sequence still sees its whole window). */
     void **kc, **vc;
     int *kv_cap;
     size_t kv_elem, kv_bytes;
@@ -42,6 +43,8 @@ struct pd_model {
     float *tmp;      /* matmul outputs before the residual add [nb][d] */
     float *scores;   /* per thread [n_ctx] */
     float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
+    int32_t *pos, *seq, *out_idx;  /* [nb]: the current step's positions, slots, logit rows */
+    int32_t *seq_next;             /* [n_seq]: validation scratch (next position per slot) */
     size_t max_in, xq_stride, xqk_stride;
     pd_phase *phases;   /* one step's phases (threadpool.h), reset per step */
     int n_phases;
@@ -55,9 +58,11 @@ struct pd_model {
 typedef struct {
     pd_model *m;
     const int32_t *tokens;
-    int n, pos;
-    float *logits;
-    int all_logits;
+    const int32_t *pos, *seq;   /* per token: position and sequence slot */
+    int n;
+    const int32_t *out_idx;     /* the tokens whose logits are wanted, in order */
+    int n_out;
+    float *logits;              /* [n_out][n_vocab] */
     uint32_t epoch;
 } step_ctx;
 
@@ -176,10 +181,15 @@ static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride
 
 /* ---------------- attention ---------------- */
 
-/* append_kv: the K and V rows of token t (position p) go into layer l's cache. */
-static void append_kv(pd_model *m, int l, int p, const float *k, const float *v) {
+/* Row of position p of sequence slot s in layer l's cache (in elements). */
+static size_t kv_row(const pd_model *m, int l, int s, int p) {
+    return ((size_t)s * m->kv_cap[l] + (size_t)(p % m->kv_cap[l])) * m->c.n_head_kv * m->c.head_dim;
+}
+
+/* append_kv: the K and V rows of a token (sequence slot s, position p) go into layer l's cache. */
+static void append_kv(pd_model *m, int l, int s, int p, const float *k, const float *v) {
     int kvd = m->c.n_head_kv * m->c.head_dim;
-    p %= m->kv_cap[l];
+    p = (int)(kv_row(m, l, s, p) / kvd);
     if (m->c.kv_f16) {
         m->k->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
         m->k->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
@@ -189,30 +199,32 @@ static void append_kv(pd_model *m, int l, int p, const float *k, const float *v)
     }
 }
 
-/* One query head over cached positions [lo, hi]: scaled dot products, stable softmax, weighted sum. */
-static void attend(pd_model *m, int l, int kvh, const float *q, int lo, int hi, float scale,
+/* One query head over positions [lo, hi] of sequence slot sq: scaled dot products, stable
+ * softmax, weighted sum of V. The positions sit in the slot's ring as at most two contiguous
+ * runs of rows (before and after the wrap); the kernels stream each run once. */
+static void attend(pd_model *m, int l, int sq, int kvh, const float *q, int lo, int hi, float scale,
                    float *scores, float *out) {
     const pd_kernels *K = m->k;
-    int hd = m->c.head_dim, kvd = m->c.n_head_kv * hd, cap = m->kv_cap[l];
+    int hd = m->c.head_dim, cap = m->kv_cap[l], f16 = m->c.kv_f16;
+    size_t kvd = (size_t)m->c.n_head_kv * hd, esz = m->kv_elem, off = (size_t)kvh * hd;
+    int run[2], n_runs = 0, from[2];
+    for (int p = lo; p <= hi;) {          /* split [lo, hi] where the ring wraps */
+        int row = p % cap, len = hi - p + 1 < cap - row ? hi - p + 1 : cap - row;
+        from[n_runs] = p; run[n_runs++] = len;
+        p += len;
+    }
+    for (int r = 0; r < n_runs; r++)
+        K->attn_scores(q, (const char *)m->kc[l] + (kv_row(m, l, sq, from[r]) + off) * esz, kvd, run[r], hd,
+                       scale, f16, scores + (from[r] - lo));
+    int n = hi - lo + 1;
     float mx = -INFINITY;
-    for (int p = lo; p <= hi; p++) {
-        size_t at = (size_t)(p % cap) * kvd + kvh * hd;
-        float s = m->c.kv_f16 ? K->dot_f16(q, (const uint16_t *)m->kc[l] + at, hd)
-                              : K->dot_f32(q, (const float *)m->kc[l] + at, hd);
-        s *= scale;
-        scores[p - lo] = s;
-        if (s > mx) mx = s;
-    }
-    float sum = 0.0f;
-    for (int p = lo; p <= hi; p++) { float e = expf(scores[p - lo] - mx); scores[p - lo] = e; sum += e; }
-    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) mx = scores[i] > mx ? scores[i] : mx;
+    float inv = 1.0f / K->exp_sub(scores, n, mx);
+    for (int i = 0; i < n; i++) scores[i] *= inv;
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int p = lo; p <= hi; p++) {
-        float w = scores[p - lo] * inv;
-        size_t at = (size_t)(p % cap) * kvd + kvh * hd;
-        if (m->c.kv_f16) K->axpy_f16(out, w, (const uint16_t *)m->vc[l] + at, hd);
-        else K->axpy_f32(out, w, (const float *)m->vc[l] + at, hd);
-    }
+    for (int r = 0; r < n_runs; r++)
+        K->attn_accum(out, scores + (from[r] - lo), (const char *)m->vc[l] + (kv_row(m, l, sq, from[r]) + off) * esz,
+                      kvd, run[r], hd, f16);
 }
 
 /* Rows [r0, r1) of a block's output (tmp) into the residual stream, for every token. */
@@ -287,7 +299,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
             if (kn->data) rmsnorm(kk + h * hd, kk + h * hd, (const float *)kn->data, hd, c->norm_eps);
             rope(kk + h * hd, c->rope_dim, c->rope_neox, cs);
         }
-        append_kv(m, l, s->pos + t, kk, vv);
+        append_kv(m, l, s->seq[t], s->pos[t], kk, vv);
     }
     END_PHASE(w, n);
 
@@ -295,9 +307,9 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
     int group = c->n_head / c->n_head_kv;
     FOR_CHUNKS(w, n * c->n_head, i) {
-        int t = i / c->n_head, h = i % c->n_head, p = s->pos + t;
+        int t = i / c->n_head, h = i % c->n_head, p = s->pos[t];
         int lo = local && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
-        attend(m, l, h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale,
+        attend(m, l, s->seq[t], h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale,
                m->scores + (size_t)w->ith * c->n_ctx, m->att + (size_t)t * qd + h * hd);
     }
     END_PHASE(w, n * c->n_head);
@@ -337,9 +349,9 @@ static int forward(pd_worker *w, step_ctx *s) {
         pd_dequantize_row(e->type, (const char *)e->data + (size_t)s->tokens[t] * e->row_bytes, x, d);
         if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
         float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
-        rope_table(cs, c->rope_dim, (double)(s->pos + t) * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
+        rope_table(cs, c->rope_dim, (double)s->pos[t] * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
                    c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data);
-        rope_table(cs + c->rope_dim, c->rope_dim, s->pos + t,
+        rope_table(cs + c->rope_dim, c->rope_dim, s->pos[t],
                    c->rope_base_local > 0 ? c->rope_base_local : c->rope_base, NULL);
     }
     END_PHASE(w, n);
@@ -348,10 +360,10 @@ static int forward(pd_worker *w, step_ctx *s) {
         if (layer_forward(w, s, l)) return -1;
 
     /* final norm and output head: only the positions whose logits are wanted */
-    if (!s->logits) return 0;
-    int first = s->all_logits ? 0 : n - 1, n_out = n - first;
+    int n_out = s->n_out;
+    if (!s->logits || n_out < 1) return 0;
     FOR_CHUNKS(w, n_out, t) {
-        rmsnorm(m->xn + (size_t)t * m->max_in, m->x + (size_t)(first + t) * d,
+        rmsnorm(m->xn + (size_t)t * m->max_in, m->x + (size_t)s->out_idx[t] * d,
                 (const float *)m->g[PD_OUTPUT_NORM].data, d, c->norm_eps);
         quantize_row(m, t, d);
     }
@@ -375,36 +387,97 @@ static void forward_task(void *ctx, int ith, int nth) {
 
 /* ---------------- public API ---------------- */
 
-static int run_step(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all) {
+/* Checks a step's arguments before any thread touches them: every id, position and slot in
+ * range, and each sequence's tokens at consecutive positions (the attention of a token reads
+ * its sequence's earlier positions: the cache, or tokens earlier in this step). */
+static int check_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
+                      const int32_t *out_idx, int n_out) {
+    const pd_config *c = &m->c;
+    if (n < 1) return set_err(m->err, sizeof m->err, "no tokens given (n=%d)", n);
+    if (n > c->n_batch) return set_err(m->err, sizeof m->err, "%d tokens in one step exceed n_batch %d", n, c->n_batch);
+    if (n_out < 0 || n_out > n) return set_err(m->err, sizeof m->err, "n_out %d outside 0..%d", n_out, n);
+    for (int s = 0; s < c->n_seq; s++) m->seq_next[s] = -1;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            return set_err(m->err, sizeof m->err, "token id %d at index %d is outside the vocabulary (0..%d)",
+                           tokens[i], i, c->n_vocab - 1);
+        if (seq[i] < 0 || seq[i] >= c->n_seq)
+            return set_err(m->err, sizeof m->err, "sequence slot %d at index %d is outside 0..%d", seq[i], i, c->n_seq - 1);
+        if (pos[i] < 0 || pos[i] >= c->n_ctx) {
+            set_err(m->err, sizeof m->err, "position %d at index %d exceeds the context size %d", pos[i], i, c->n_ctx);
+            return PD_ERANGE;
+        }
+        int *next = &m->seq_next[seq[i]];
+        if (*next >= 0 && pos[i] != *next)
+            return set_err(m->err, sizeof m->err, "sequence %d: position %d at index %d does not follow %d",
+                           seq[i], pos[i], i, *next - 1);
+        *next = pos[i] + 1;
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_idx[i] < 0 || out_idx[i] >= n)
+            return set_err(m->err, sizeof m->err, "logits row %d outside the step's tokens 0..%d", out_idx[i], n - 1);
+    return PD_OK;
+}
+
+static void run_checked(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
+                        const int32_t *out_idx, int n_out, float *logits) {
+    step_ctx *s = m->step;
+    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch };
+    pd_phases_reset(m->phases, m->n_phases, s->epoch);
+    pd_pool_run_async(m->pool, forward_task, s);
+}
+
+/* One sequence: tokens at positions pos.. in chunks of n_batch (causal attention makes chunked ==
+ * whole-block, exactly). Logits of the last token, or of every token if all. */
+static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, float *logits, int all) {
     if (!m) return PD_EINVAL;
     if (n < 1) return set_err(m->err, sizeof m->err, "no tokens given (n=%d)", n);
-    if (pos < 0 || pos + n > m->c.n_ctx)
-        return set_err(m->err, sizeof m->err, "positions %d..%d exceed the context size %d",
-                       pos, pos + n - 1, m->c.n_ctx) == PD_EINVAL ? PD_ERANGE : PD_ERANGE;
+    if (sq < 0 || sq >= m->c.n_seq) return set_err(m->err, sizeof m->err, "sequence slot %d is outside 0..%d", sq, m->c.n_seq - 1);
+    if (pos < 0 || pos > m->c.n_ctx - n) {
+        set_err(m->err, sizeof m->err, "positions %d..%lld exceed the context size %d",
+                pos, (long long)pos + n - 1, m->c.n_ctx);
+        return PD_ERANGE;
+    }
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->c.n_vocab)
             return set_err(m->err, sizeof m->err, "token id %d at index %d is outside the vocabulary (0..%d)",
                            tokens[i], i, m->c.n_vocab - 1);
-    /* Chunks of n_batch tokens: causal attention makes chunked == whole-block, exactly. */
     for (int done = 0; done < n;) {
         int chunk = n - done < m->c.n_batch ? n - done : m->c.n_batch;
         int last = done + chunk == n;
-        step_ctx *s = m->step;
-        *s = (step_ctx){ m, tokens + done, chunk, pos + done,
-                         all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL), all, ++m->epoch };
-        pd_phases_reset(m->phases, m->n_phases, s->epoch);
-        pd_pool_run_async(m->pool, forward_task, s);
+        for (int i = 0; i < chunk; i++) { m->pos[i] = pos + done + i; m->seq[i] = sq; m->out_idx[i] = i; }
+        int n_out = all ? chunk : (last ? 1 : 0);
+        if (!all) m->out_idx[0] = chunk - 1;
+        run_checked(m, tokens + done, m->pos, m->seq, chunk, m->out_idx, n_out,
+                    all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL));
         done += chunk;
     }
     return PD_OK;
 }
 
 int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
-    return run_step(m, tokens, n, pos, logits, all_logits);
+    return run_seq(m, tokens, n, pos, 0, logits, all_logits);
+}
+
+int pd_prefill_seq(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
+    return run_seq(m, tokens, n, pos, seq, logits, all_logits);
 }
 
 int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits) {
-    return run_step(m, &token, 1, pos, logits, 0);
+    return run_seq(m, &token, 1, pos, 0, logits, 0);
+}
+
+int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
+                  const int32_t *out_idx, int n_out, float *logits) {
+    if (!m) return PD_EINVAL;
+    int rc = check_step(m, tokens, pos, seq, n, out_idx, n_out);
+    if (rc) return rc;
+    /* The arguments are copied: the workers may still read them after this call returns (async). */
+    memcpy(m->pos, pos, (size_t)n * sizeof *pos);
+    memcpy(m->seq, seq, (size_t)n * sizeof *seq);
+    memcpy(m->out_idx, out_idx, (size_t)n_out * sizeof *out_idx);
+    run_checked(m, tokens, m->pos, m->seq, n, m->out_idx, n_out, n_out ? logits : NULL);
+    return PD_OK;
 }
 
 /* The GGUF name of a tensor slot, for messages: "blk.3.ffn_up.weight" or "output.weight". */
@@ -445,7 +518,7 @@ static int check_vector(const pd_tensor *t, const char *short_name, int l, int64
 
 static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T, int nt, char *err, int len) {
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->head_dim < 2 ||
-        c->n_ff < 1 || c->n_vocab < 1 || c->n_ctx < 1 || c->n_batch < 1)
+        c->n_ff < 1 || c->n_vocab < 1 || c->n_ctx < 1 || c->n_batch < 1 || c->n_seq < 0)
         return set_err(err, len, "invalid config: every size must be positive");
     if (c->n_head % c->n_head_kv) return set_err(err, len, "n_head %d is not a multiple of n_head_kv %d", c->n_head, c->n_head_kv);
     if (c->head_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim < 0 || c->rope_dim % 2)
@@ -498,7 +571,7 @@ void pd_model_free(pd_model *m) {
     free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
-    free(m->phases); free(m->step);
+    free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
     free(m);
 }
 
@@ -513,6 +586,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     m->k = K;
     if (m->c.rope_dim == 0) m->c.rope_dim = m->c.head_dim;
     if (m->c.n_threads < 1) m->c.n_threads = 1;
+    if (m->c.n_seq < 1) m->c.n_seq = 1;
     memcpy(m->g, tensors, sizeof m->g);
     size_t nl = (size_t)cfg->n_layer * PD_LAYER_SLOTS;
     m->lt = malloc(nl * sizeof(pd_tensor));
@@ -537,7 +611,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         int cap = cfg->n_ctx;
         if (layer_is_local(cfg, l) && cfg->sliding_window + nb < cap) cap = cfg->sliding_window + nb;
         m->kv_cap[l] = cap;
-        size_t bytes = (size_t)cap * kvd * m->kv_elem;
+        size_t bytes = (size_t)m->c.n_seq * cap * kvd * m->kv_elem;
         m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
         m->vc[l] = calloc(1, bytes);
         ok = m->kc[l] && m->vc[l];
@@ -561,9 +635,14 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->n_phases = 4 + 12 * cfg->n_layer;
         m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
         m->step = calloc(1, sizeof(step_ctx));
+        m->pos = malloc((size_t)nb * sizeof(int32_t));
+        m->seq = malloc((size_t)nb * sizeof(int32_t));
+        m->out_idx = malloc((size_t)nb * sizeof(int32_t));
+        m->seq_next = malloc((size_t)m->c.n_seq * sizeof(int32_t));
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
-             m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool;
+             m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool &&
+             m->pos && m->seq && m->out_idx && m->seq_next;
     }
     if (!ok) {
         set_err(err, err_len, "out of memory allocating the KV cache (%zu bytes) and scratch", m->kv_bytes);
@@ -581,3 +660,4 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
     return m && layer >= 0 && layer < m->c.n_layer ? m->kv_cap[layer] : -1;
 }
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
+int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }

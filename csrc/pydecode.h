@@ -47,6 +47,7 @@ typedef struct {
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
     int kv_f16;              /* 1: F16 cache (default), 0: F32 */
     int n_threads;
+    int n_seq;               /* sequence slots in the KV cache (0 -> 1): sequences decoded together */
 } pd_config;
 
 typedef struct pd_model pd_model;
@@ -65,6 +66,7 @@ size_t pd_model_kv_bytes(const pd_model *m);
  * (n_ctx, or window + n_batch for sliding-window layers; -1 for a bad layer) and bytes per value. */
 int pd_model_kv_cap(const pd_model *m, int layer);
 int pd_model_kv_elem_bytes(const pd_model *m);
+int pd_model_n_seq(const pd_model *m);   /* the KV cache holds n_seq x that (one slot per sequence) */
 
 /* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
  * (mat x mat, causal attention), appends their K/V, writes the last position's logits into
@@ -72,6 +74,14 @@ int pd_model_kv_elem_bytes(const pd_model *m);
 int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
 /* decode_step: one token at position pos (the cache holds 0..pos-1); writes n_vocab logits. */
 int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits);
+/* prefill into sequence slot seq (pd_prefill is slot 0). */
+int pd_prefill_seq(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
+/* batch_step: n <= n_batch tokens of several sequences in one pass (every weight read once for
+ * all of them): token i goes to slot seq[i] at position pos[i]; a sequence's tokens must be at
+ * consecutive positions, in order (a decode is one token; a prefill chunk several). Logits of
+ * tokens out_idx[0..n_out) go to logits[n_out][n_vocab]. */
+int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
+                  const int32_t *out_idx, int n_out, float *logits);
 
 /* Kernel entry points for tests and benchmarks (isa: "scalar", "avx2", ... or NULL = best). */
 const char *pd_isa_best(void);

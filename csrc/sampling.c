@@ -54,20 +54,116 @@ static void sift_down(float *v, int32_t *id, int k, int i) {
     }
 }
 
-/* The k largest logits, sorted descending (ids and values). Returns how many (min(k, n)).
- * One pass; an element is only looked at twice when it beats the current k-th best. */
-int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
-    if (!x || !ids || !vals || n <= 0 || k <= 0) return 0;
-    if (k > n) k = n;
-    for (int i = 0; i < k; i++) { vals[i] = x[i]; ids[i] = i; }
+/* Heap top-k over x[idx[i]] (or x[i] when idx is NULL), i < n; leaves a min-heap. */
+static void heap_top_k(const float *x, const int32_t *idx, int n, int k, int32_t *ids, float *vals) {
+    for (int i = 0; i < k; i++) { ids[i] = idx ? idx[i] : i; vals[i] = x[ids[i]]; }
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(vals, ids, k, i);
     float floor = vals[0];
     for (int i = k; i < n; i++) {
-        if (x[i] <= floor) continue;       /* the common case: a single compare */
-        vals[0] = x[i]; ids[0] = i;
+        int32_t id = idx ? idx[i] : i;
+        if (x[id] <= floor) continue;      /* the common case: a single compare */
+        vals[0] = x[id]; ids[0] = id;
         sift_down(vals, ids, k, 0);
         floor = vals[0];
     }
+}
+
+/* Order-preserving map of a float to 32 bits (larger float -> larger key). */
+static inline uint32_t fkey(float f) {
+    uint32_t u;
+    f = f == 0.0f ? 0.0f : f;   /* -0 == +0, as the comparisons elsewhere see them */
+    memcpy(&u, &f, 4);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* Collects into cand the ids of values > the j-th best of a strided sample (j about 2k /
+ * stride: about 2k values should beat it). Returns how many. */
+static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *cand) {
+    int ns = 0, nc = 0;
+    for (int i = 0; i < n; i += stride) cand[ns++] = i;
+    int j = 2 * k / stride + 8;
+    j = j < ns ? j : ns;
+    int32_t *hid = malloc((size_t)j * sizeof *hid);
+    float *hval = malloc((size_t)j * sizeof *hval);
+    if (!hid || !hval) { free(hid); free(hval); return 0; }
+    heap_top_k(x, cand, ns, j, hid, hval);
+    const float t = hval[0];
+    free(hid); free(hval);
+    for (int i = 0; i < n; i += 16) {
+        int end = i + 16 < n ? i + 16 : n, any = 0;
+        for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
+        if (!any) continue;
+        for (int q = i; q < end; q++) if (x[q] > t) cand[nc++] = q;
+    }
+    return nc;
+}
+
+/* Collects into cand the ids of values whose key is >= the k-th largest key with its low 8
+ * bits cleared: two histogram passes (the keys' top 12 bits, then the next 12 within the
+ * boundary bin) pin that down, so only k plus a handful of near-ties are collected. */
+static int cand_by_histogram(const float *x, int n, int k, int32_t *cand) {
+    enum { BINS = 4096 };
+    uint32_t *h = calloc(BINS, sizeof *h);
+    if (!h) return 0;
+    uint32_t lo = 0, above = 0;
+    for (int level = 0; level < 2; level++) {
+        const int shift = level ? 8 : 20;
+        if (level) memset(h, 0, BINS * sizeof *h);
+        for (int i = 0; i < n; i++) {
+            const uint32_t key = fkey(x[i]);
+            if (!level) h[key >> 20]++;
+            else if ((key >> 20) == (lo >> 20)) h[(key >> 8) & (BINS - 1)]++;
+        }
+        int bin = BINS - 1;
+        for (; bin > 0 && above + h[bin] < (uint32_t)k; bin--) above += h[bin];
+        lo |= (uint32_t)bin << shift;
+    }
+    free(h);
+    int nc = 0;
+    for (int i = 0; i < n; i++) if (fkey(x[i]) >= lo) cand[nc++] = i;
+    return nc;
+}
+
+/* The k largest logits, sorted descending (ids and values), ties to the lower id. Returns how
+ * many (min(k, n)). Exact, and fast on a big vocabulary: candidates are narrowed first (by a
+ * sample's threshold when k is small against n, else by histograms of the values' bits), so
+ * the heap runs over about k values, in vocabulary order, not over all n. If fewer than k
+ * candidates come out, the heap runs over everything. */
+/* Sorts the candidates (ids ascending) by value, descending, keeping id order among equal
+ * values: a stable LSD radix sort on the inverted keys, 4 passes of 8 bits. Writes the first k. */
+static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int32_t *ids, float *vals) {
+    uint32_t *key = malloc((size_t)nc * 2 * sizeof *key);
+    int32_t *id = malloc((size_t)nc * 2 * sizeof *id);
+    if (!key || !id) { free(key); free(id); return -1; }
+    uint32_t *k0 = key, *k1 = key + nc;
+    int32_t *i0 = id, *i1 = id + nc;
+    for (int i = 0; i < nc; i++) { k0[i] = ~fkey(x[cand[i]]); i0[i] = cand[i]; }
+    for (int sh = 0; sh < 32; sh += 8) {
+        uint32_t count[257] = { 0 };
+        for (int i = 0; i < nc; i++) count[((k0[i] >> sh) & 255) + 1]++;
+        for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+        for (int i = 0; i < nc; i++) {
+            const uint32_t d = count[(k0[i] >> sh) & 255]++;
+            k1[d] = k0[i]; i1[d] = i0[i];
+        }
+        uint32_t *tk = k0; k0 = k1; k1 = tk;
+        int32_t *ti = i0; i0 = i1; i1 = ti;
+    }
+    for (int i = 0; i < k; i++) { ids[i] = i0[i]; vals[i] = x[i0[i]]; }
+    free(key); free(id);
+    return k;
+}
+
+int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
+    if (!x || !ids || !vals || n <= 0 || k <= 0) return 0;
+    if (k > n) k = n;
+    int32_t *cand = n >= 4096 && k < n / 2 ? malloc((size_t)n * sizeof *cand) : NULL;
+    int nc = 0, stride = n / (8 * k);
+    if (cand) nc = stride >= 4 ? cand_by_sample(x, n, k, stride, cand) : cand_by_histogram(x, n, k, cand);
+    int done = nc >= k && radix_first_k(x, cand, nc, k, ids, vals) == k;
+    free(cand);
+    if (done) return k;
+    heap_top_k(x, NULL, n, k, ids, vals);
     /* heap -> descending order: repeatedly move the minimum to the end */
     for (int end = k - 1; end > 0; end--) {
         float tv = vals[0]; vals[0] = vals[end]; vals[end] = tv;

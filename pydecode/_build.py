@@ -28,9 +28,10 @@ LINK_FLAGS = ["-pthread", "-lm"]
 
 # PYDECODE_SANITIZE=1 pip install -e . (or python setup.py build_ext --inplace): the C core with
 # AddressSanitizer + UndefinedBehaviorSanitizer (setup.py passes COMMON_FLAGS to the ISA files
-# too). Python must then load the ASan runtime first and not report its own by-design leaks:
-#   LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-#   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 python -m pytest tests/
+# too). Python must then load the ASan runtime first (with libstdc++, so that ASan can intercept
+# C++ throws in sentencepiece) and not report its own by-design leaks:
+#   LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+#   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 python -m pytest tests/
 # (scripts/test.sh's second stage does exactly this with a sanitized copy of the package.)
 # -O1, ASan's advice: precise reports, and a third of -O3's compile time (kernels_avx2.c: 20 s, not 60).
 SANITIZE_FLAGS = ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]

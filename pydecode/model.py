@@ -23,6 +23,7 @@ DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 256
 MAX_N_BATCH = 65536
 MAX_THREADS = 512
+MAX_N_SEQ = 4096
 
 
 def available_memory() -> int | None:
@@ -78,11 +79,13 @@ class Model:
     """A loaded model. Not thread-safe: one generation at a time (a lock enforces it)."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_batch: int = DEFAULT_N_BATCH, kv_type: str = "f16", isa: str | None = None):
-        """Maps `path` and builds the C model. n_ctx: KV cache positions (default min(4096,
-        trained context)); n_threads: default physical cores; n_batch: prefill chunk size;
-        kv_type: "f16" or "f32" cache; isa: force "scalar"/"avx2" kernels (default: best, or
-        $PYDECODE_ISA)."""
+                 n_batch: int = DEFAULT_N_BATCH, kv_type: str = "f16", isa: str | None = None,
+                 n_seq: int = 1):
+        """Maps `path` and builds the C model. n_ctx: KV cache positions per sequence (default
+        min(4096, trained context)); n_threads: default physical cores; n_batch: tokens per step
+        (prefill chunk size, and the most tokens one batch_step takes); kv_type: "f16" or "f32"
+        cache; isa: force "scalar"/"avx2"/... kernels (default: best, or $PYDECODE_ISA);
+        n_seq: sequence slots in the KV cache (sequences that batch_step decodes together)."""
         self._ptr = None
         # Parameters first: they are cheap to check and a typo should not wait for a big load.
         if n_ctx is not None and (not _is_int(n_ctx) or not 1 <= n_ctx <= INT_MAX):
@@ -93,6 +96,9 @@ class Model:
             raise ValueError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
         if not _is_int(n_batch) or not 1 <= n_batch <= MAX_N_BATCH:
             raise ValueError(f"n_batch must be an integer in 1..{MAX_N_BATCH}, got {n_batch!r}")
+        if not _is_int(n_seq) or not 1 <= n_seq <= MAX_N_SEQ:
+            raise ValueError(f"n_seq must be an integer in 1..{MAX_N_SEQ}, got {n_seq!r}")
+        self.n_seq = n_seq
         self.path = Path(path)
         self.gguf = GGUFFile(path)
         self.config: ArchConfig = arch_config(self.gguf)
@@ -125,7 +131,7 @@ class Model:
         """Bytes pd_model_new allocates: the KV cache (as allocated: sliding-window layers keep a
         ring of window + n_batch) plus the per-thread attention scores and the n_batch scratch."""
         c = self.config
-        kv = c.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=n_batch)
+        kv = self.n_seq * c.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=n_batch)
         max_in = max(c.n_embd, c.n_head * c.head_dim, c.n_ff)
         per_token = 4 * (3 * c.n_embd + 2 * max_in + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim
                          + 2 * c.n_ff + 4 * c.rope_dim)
@@ -140,8 +146,8 @@ class Model:
             c = self.config
             raise ValueError(
                 f"n_ctx {self.n_ctx} needs {need} bytes ({need / 2**30:.1f} GiB: a {self.kv_type} KV cache of "
-                f"{c.kv_bytes(self.n_ctx, 2 if self.kv_type == 'f16' else 4, ring_extra=n_batch)} bytes plus "
-                f"scratch) but only {avail} bytes ({avail / 2**30:.1f} GiB) of memory are available; "
+                f"{self.n_seq * c.kv_bytes(self.n_ctx, 2 if self.kv_type == 'f16' else 4, ring_extra=n_batch)} "
+                f"bytes{f' for {self.n_seq} sequences' if self.n_seq > 1 else ''} plus scratch) but only {avail} bytes ({avail / 2**30:.1f} GiB) of memory are available; "
                 f"use a smaller n_ctx (at most ~{self.n_ctx * avail // need} here)")
 
     def _build(self, n_batch: int, isa: str | None) -> None:
@@ -156,6 +162,8 @@ class Model:
         cfg.sliding_window, cfg.swa_period = c.sliding_window, c.swa_period
         cfg.rope_freq_scale = c.rope_freq_scale
         cfg.kv_f16 = int(self.kv_type == "f16")
+        cfg.n_seq = self.n_seq
+        self.n_batch = n_batch
         names = list(GLOBAL_TENSORS) + [f"blk.{l}.{t}" for l in range(c.n_layer) for t in LAYER_TENSORS]
         tensors = ffi.new("pd_tensor[]", len(names))
         # One pointer to the whole mapping; tensors are offsets into it (zero-copy).
@@ -186,9 +194,10 @@ class Model:
 
     # ---- the two calls into C ----
 
-    def prefill(self, tokens, pos: int = 0, all_logits: bool = False) -> np.ndarray:
-        """Runs the prompt tokens at positions pos.. as one block, filling the KV cache.
-        Returns the last position's logits (a view reused by the next call), or [n, vocab] if all_logits."""
+    def prefill(self, tokens, pos: int = 0, all_logits: bool = False, seq: int = 0) -> np.ndarray:
+        """Runs the prompt tokens at positions pos.. of sequence slot seq as one block, filling
+        the KV cache. Returns the last position's logits (a view reused by the next call), or
+        [n, vocab] if all_logits."""
         toks = np.asarray(tokens)
         if toks.ndim != 1:
             raise ValueError("tokens must be a flat sequence of token ids")
@@ -210,21 +219,72 @@ class Model:
             raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
         out = np.empty((n, self.n_vocab), dtype=np.float32) if all_logits else self._logits
         with self._lock:
-            rc = lib.pd_prefill(self._ptr, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
-                                ffi.cast("float *", out.ctypes.data), int(all_logits))
+            rc = lib.pd_prefill_seq(self._ptr, self._slot(seq), ffi.cast("int32_t *", toks.ctypes.data), n, pos,
+                                    ffi.cast("float *", out.ctypes.data), int(all_logits))
         self._check(rc)
         return out
 
-    def decode_step(self, token: int, pos: int) -> np.ndarray:
-        """One token at position pos (the cache holds 0..pos-1): appends its K/V, returns the logits."""
+    def decode_step(self, token: int, pos: int, seq: int = 0) -> np.ndarray:
+        """One token at position pos of sequence slot seq (the cache holds 0..pos-1): appends its
+        K/V, returns the logits."""
         if not 0 <= token < self.n_vocab:   # also keeps huge ints from overflowing C's int32
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         if not 0 <= pos < self.n_ctx:
             raise ContextFullError(f"position {pos} is outside the context of {self.n_ctx} tokens")
+        tok = ffi.new("int32_t *", int(token))
         with self._lock:
-            rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
+            if seq == 0:
+                rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
+            else:
+                rc = lib.pd_prefill_seq(self._ptr, self._slot(seq), tok, 1, pos, self._logits_ptr, 0)
         self._check(rc)
         return self._logits
+
+    def batch_step(self, tokens, pos, seq, out_idx=None) -> np.ndarray:
+        """One pass over several sequences at once (every weight read once for all of them): token
+        i goes to sequence slot seq[i] at position pos[i]. A sequence's tokens must sit at
+        consecutive positions, in order: one token for a decode, several for a prefill chunk.
+        At most n_batch tokens. Returns the logits of the tokens listed in out_idx (default: all),
+        [len(out_idx), vocab], a fresh array."""
+        toks = np.ascontiguousarray(tokens, dtype=np.int64)
+        n = len(toks)
+        if toks.ndim != 1 or n == 0:
+            raise ValueError("batch_step needs a flat, non-empty sequence of token ids")
+        if n > self.n_batch:
+            raise ValueError(f"{n} tokens in one step exceed n_batch={self.n_batch}")
+        arrays = []
+        for name, a in (("pos", pos), ("seq", seq)):
+            a = np.ascontiguousarray(a, dtype=np.int64)
+            if a.shape != (n,):
+                raise ValueError(f"{name} must have one entry per token ({n}), got shape {a.shape}")
+            arrays.append(a)
+        p, s = arrays
+        out = np.arange(n) if out_idx is None else np.ascontiguousarray(out_idx, dtype=np.int64)
+        if out.ndim != 1 or (len(out) and (out.min() < 0 or out.max() >= n)):
+            raise ValueError(f"out_idx must list token indices in 0..{n - 1}")
+        bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
+        if len(bad):
+            raise ValueError(f"token id {toks[bad[0]]} at index {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        bad = np.flatnonzero((s < 0) | (s >= self.n_seq))
+        if len(bad):
+            raise ValueError(f"sequence slot {s[bad[0]]} at index {bad[0]} is outside 0..{self.n_seq - 1}")
+        bad = np.flatnonzero((p < 0) | (p >= self.n_ctx))
+        if len(bad):
+            raise ContextFullError(f"position {p[bad[0]]} at index {bad[0]} is outside the context of {self.n_ctx} tokens")
+        t32, p32, s32, o32 = (np.ascontiguousarray(a, dtype=np.int32) for a in (toks, p, s, out))
+        logits = np.empty((len(o32), self.n_vocab), dtype=np.float32)
+        i32 = "int32_t *"
+        with self._lock:
+            rc = lib.pd_batch_step(self._ptr, ffi.cast(i32, t32.ctypes.data), ffi.cast(i32, p32.ctypes.data),
+                                   ffi.cast(i32, s32.ctypes.data), n, ffi.cast(i32, o32.ctypes.data), len(o32),
+                                   ffi.cast("float *", logits.ctypes.data))
+        self._check(rc)
+        return logits
+
+    def _slot(self, seq) -> int:
+        if not _is_int(seq) and not isinstance(seq, np.integer) or not 0 <= seq < self.n_seq:
+            raise ValueError(f"sequence slot must be an integer in 0..{self.n_seq - 1}, got {seq!r}")
+        return int(seq)
 
     def _check(self, rc: int) -> None:
         if rc == lib.PD_OK:
@@ -242,7 +302,7 @@ class Model:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes allocated for the KV cache (all layers, n_ctx positions)."""
+        """Bytes allocated for the KV cache (all layers, n_ctx positions, n_seq slots)."""
         return int(lib.pd_model_kv_bytes(self._ptr))
 
     def weight_bytes(self) -> int:

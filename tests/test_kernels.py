@@ -500,7 +500,7 @@ def test_f32_to_f16(isa):
 
 
 @pytest.mark.parametrize("f16", [0, 1], ids=["f32cache", "f16cache"])
-@pytest.mark.parametrize("n_pos,head_dim", [(1, 64), (7, 36), (100, 128), (33, 64)])
+@pytest.mark.parametrize("n_pos,head_dim", [(1, 64), (7, 36), (100, 128), (33, 64), (5, 256), (9, 100), (2048, 64)])
 @pytest.mark.parametrize("qscale", [1.0, 60.0])   # 60: scores in the thousands (needs max-subtract)
 def test_attention(isa, f16, n_pos, head_dim, qscale):
     rng = np.random.default_rng([n_pos, head_dim, f16])
