@@ -49,7 +49,6 @@
 /* Only the FMAs written below (see kernels_avx2.c). */
 #pragma GCC optimize("fp-contract=off")
 
-#define AI static inline __attribute__((always_inline))
 #ifndef QCMAX
 #define QCMAX 4 /* max columns per legacy-format tile */
 #endif
@@ -62,6 +61,7 @@
 #ifndef PF_DIST
 #define PF_DIST 4096 /* bytes ahead per weight row */
 #endif
+#include "x86_common.h"
 
 /* kernels_avx2.c (always compiled with this file): the one-column kernels of the formats whose
  * decode this file does not speed up. */
@@ -74,28 +74,8 @@ void pd_avx2_matmul_f16(int k, const void *w, size_t ws, int nrows, const void *
 void pd_avx2_matmul_bf16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
                          int ncols, float *y, size_t ys);
 
-AI float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 AI float hsum512(__m512 v) {
-    return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-AI uint16_t ld16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-
-/* Software prefetch of a 4-row tile (see kernels_avx2.c's pd_pf). */
-typedef struct { const char *p; size_t off, rb, jump; } pd_pf;
-
-AI pd_pf pf_init(const char *w, size_t rb, size_t ws) {
-    const size_t tiles = PF_DIST / rb;
-    return (pd_pf){w + tiles * 4 * ws + PF_DIST % rb, PF_DIST % rb, rb, 4 * ws - rb};
-}
-AI void pf_advance(pd_pf *pf, size_t bytes) {
-    pf->p += bytes;
-    pf->off += bytes;
-    if (pf->off >= pf->rb) { pf->off -= pf->rb; pf->p += pf->jump; }
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
 /* ---------------------------------------------------------------- activation quantization */
@@ -146,14 +126,6 @@ static void quantize_q8k(const float *x, pd_q8k *y, int k) {
 
 /* ---------------------------------------------------------------- block formats x pd_q8 */
 
-enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
-
-AI size_t blk_bytes(int T) {
-    return T == T_Q4_0 ? sizeof(pd_block_q4_0) : T == T_Q4_1 ? sizeof(pd_block_q4_1)
-         : T == T_Q5_0 ? sizeof(pd_block_q5_0) : T == T_Q5_1 ? sizeof(pd_block_q5_1)
-         : sizeof(pd_block_q8_0);
-}
-AI int has_min(int T) { return T == T_Q4_1 || T == T_Q5_1; }
 /* u - off is the signed quant: q4_0 8, q5_0 16, q8_0 128 (its bytes are flipped to w + 128) */
 AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : T == T_Q8_0 ? 128 : 0; }
 AI size_t qs_off(int T) {
@@ -183,13 +155,6 @@ AI __m512i unpack2(int T, const char *a, const char *b) {
         v = _mm512_mask_add_epi8(v, (__mmask64)((uint64_t)hb << 32 | ha), v, _mm512_set1_epi8(0x10));
     }
     return v;
-}
-
-/* The f16 at p + r*stride for r < R as floats in lanes 0..R-1 (zeros after). */
-AI __m128 load_h4(const char *p, size_t stride, int R) {
-    return _mm_cvtph_ps(_mm_setr_epi16((short)ld16(p), R > 1 ? (short)ld16(p + stride) : 0,
-                                       R > 2 ? (short)ld16(p + 2 * stride) : 0,
-                                       R > 3 ? (short)ld16(p + 3 * stride) : 0, 0, 0, 0, 0));
 }
 
 /* f16 scale (at byte off) of blocks a and b of rows 0..R-1: lanes 0..3 block a, 4..7 block b
@@ -275,29 +240,6 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     }
 }
 
-/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
- * groups of up to CM. TILE(R, C, row0, col0) must be a macro of constant R, C. */
-#define RUN_TILES(CM, TILE)                                                                   \
-    _Static_assert(CM >= 1 && CM <= 4, "RUN_TILES has cases for up to 4 columns");            \
-    for (int r = 0; r < nrows;) {                                                             \
-        const int R = nrows - r >= 4 ? 4 : 1;                                                 \
-        for (int c = 0; c < ncols;) {                                                         \
-            const int C = ncols - c >= CM ? CM : ncols - c;                                   \
-            switch (R * 8 + C) {                                                              \
-            case 4 * 8 + 1: TILE(4, 1, r, c); break;                                          \
-            case 4 * 8 + 2: TILE(4, CM > 1 ? 2 : 1, r, c); break;                             \
-            case 4 * 8 + 3: TILE(4, CM > 2 ? 3 : 1, r, c); break;                             \
-            case 4 * 8 + 4: TILE(4, CM > 3 ? 4 : 1, r, c); break;                             \
-            case 1 * 8 + 1: TILE(1, 1, r, c); break;                                          \
-            case 1 * 8 + 2: TILE(1, CM > 1 ? 2 : 1, r, c); break;                             \
-            case 1 * 8 + 3: TILE(1, CM > 2 ? 3 : 1, r, c); break;                             \
-            default:        TILE(1, CM > 3 ? 4 : 1, r, c); break;                             \
-            }                                                                                 \
-            c += C;                                                                           \
-        }                                                                                     \
-        r += R;                                                                               \
-    }
-
 #define Q_MATMUL(name, T)                                                                     \
     static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
                      int ncols, float *y, size_t ys) {                                       \
@@ -364,7 +306,7 @@ AI void tile_q8_rows(int R, int C, int nb, const char *w, size_t ws, const char 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {   /* + 0.0f: kernels_avx2.c adds its (zero) min term */
             const __m512 a = acc[r / 2][c];
-            y[c * ys + r] = hsum256(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a)) + 0.0f;
+            y[c * ys + r] = hsum(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a)) + 0.0f;
         }
 }
 
@@ -398,40 +340,6 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * 16 lanes) of sc*u*a, offsets off * sum sc*bsums (Q3_K 4, Q6_K 32) and minima sum m*bsums
  * through vpmaddwd; per super-block the rows' sums are reduced together and converted once.
  */
-enum { T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K };
-
-AI size_t kblk_bytes(int T) {
-    return T == T_Q2_K ? sizeof(pd_block_q2_k) : T == T_Q3_K ? sizeof(pd_block_q3_k)
-         : T == T_Q4_K ? sizeof(pd_block_q4_k) : T == T_Q5_K ? sizeof(pd_block_q5_k)
-         : sizeof(pd_block_q6_k);
-}
-AI int k_has_min(int T) { return T == T_Q2_K || T == T_Q4_K || T == T_Q5_K; }
-AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with a minimum) */
-    return T == T_Q2_K ? offsetof(pd_block_q2_k, d) : T == T_Q3_K ? offsetof(pd_block_q3_k, d)
-         : T == T_Q6_K ? offsetof(pd_block_q6_k, d) : 0;
-}
-
-/* Q4_K/Q5_K scale bytes -> [sc0..7, m0..7] (kernels_avx2.c). Reads 16 bytes (the block goes on). */
-AI __m128i scales_k4(const char *s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s);
-    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
-    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303));
-    return _mm_or_si128(lo, _mm_slli_epi32(hi, 4));
-}
-/* Q3_K scale bytes -> 16 signed scales. Reads exactly 12 bytes. */
-AI __m128i scales_q3k(const char *s) {
-    int32_t a2;
-    memcpy(&a2, s + 8, 4);
-    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), a2, 2);
-    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m128i h = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
-    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
-}
 
 /* Word indices: scale vector j of the format, 8 copies of one of the 16 int16 scales per lane. */
 AI __m512i kscale_idx(int T, int j) {
@@ -535,18 +443,6 @@ AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mi
 
 AI __m256i fold(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-}
-
-/* [sum of the 8 lanes of v[j]] for j < 8 / for j < 4 (kernels_avx2.c). */
-AI __m256i reduce8(const __m256i v[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                            _mm256_permute2x128_si256(a, b, 0x31));
-}
-AI __m128i reduce4(const __m256i v[4]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
 }
 
 /* Y[c][r] for an R x C tile over nb super-blocks. */
@@ -697,7 +593,7 @@ AI void tile_f_rows(int T, int R, int C, int k, const char *w, size_t ws, const 
         for (int c = 0; c < C; c++) {
             const float *xc = (const float *)(x + c * xs);
             const __m512 a = acc[r / 2][c];
-            float s = hsum256(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
+            float s = hsum(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
             for (int j = i; j < k; j++) s += load1(T, w + r * ws, j) * xc[j];
             y[c * ys + r] = s;
         }

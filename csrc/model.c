@@ -10,6 +10,7 @@
 #include "threadpool.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,7 @@ struct pd_model {
     uint32_t epoch;
     void *step;         /* the current step_ctx: lives here, not on a stack, so a lagging worker
                            never reads freed memory */
+    _Atomic uint32_t step_seq;  /* seqlock over *step: odd while the main thread rewrites it */
     char err[256];
 };
 
@@ -378,11 +380,24 @@ static int forward(pd_worker *w, step_ctx *s) {
     return 0;
 }
 
+/* A worker may start (or wake) late, while the main thread is already rewriting *step for the
+ * next step. It works from a consistent copy (a seqlock read): a torn mix of two steps' fields
+ * (say the new epoch with the old token count) would claim chunks the other threads do not
+ * count, and the phase whose done counter overshoots would never end. With a consistent copy,
+ * a stale step is harmless: its epoch no longer matches the phases, so every claim fails. */
 static void forward_task(void *ctx, int ith, int nth) {
-    step_ctx *s = ctx;
+    pd_model *m = ((step_ctx *)ctx)->m;
     (void)nth;
-    pd_worker w = { s->m->phases, s->epoch, 0, ith };
-    forward(&w, s);
+    step_ctx s;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&m->step_seq, memory_order_acquire);
+        if (v & 1) continue;
+        memcpy(&s, (const void *)m->step, sizeof s);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&m->step_seq, memory_order_relaxed) == v) break;
+    }
+    pd_worker w = { m->phases, s.epoch, 0, ith };
+    forward(&w, &s);
 }
 
 /* ---------------- public API ---------------- */
@@ -422,7 +437,10 @@ static int check_step(pd_model *m, const int32_t *tokens, const int32_t *pos, co
 static void run_checked(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                         const int32_t *out_idx, int n_out, float *logits) {
     step_ctx *s = m->step;
+    atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_relaxed);   /* odd: being written */
+    atomic_thread_fence(memory_order_release);
     *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch };
+    atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_phases_reset(m->phases, m->n_phases, s->epoch);
     pd_pool_run_async(m->pool, forward_task, s);
 }

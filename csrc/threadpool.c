@@ -1,12 +1,14 @@
 /* Persistent pthread pool. Workers spin briefly on a generation counter (a decode step is
  * ~1-20 ms, and the next one follows within microseconds), then sleep on a condition variable
- * so an idle or oversubscribed machine is not burned. Barriers spin, then yield. */
+ * so an idle or oversubscribed machine is not burned. Waits inside a step (phases, barriers)
+ * spin, then yield, then nap (see backoff). */
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define pd_cpu_relax() _mm_pause()
@@ -16,8 +18,29 @@
 #define pd_cpu_relax() ((void)0)
 #endif
 
-#define SPIN_BEFORE_SLEEP 200000  /* ~ tens of microseconds of pauses */
+#define IDLE_SPIN_NS 300000       /* a worker spins this long for the next step, then sleeps */
 #define SPIN_BEFORE_YIELD 2000
+#define YIELDS_BEFORE_NAP 32
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One round of a short wait inside a step. The awaited thread normally runs on another core and
+ * is done within microseconds: spin. If it is not (more runnable threads than cores: other
+ * processes, or more threads than cores), yielding alone turns into a storm of sched_yield
+ * calls that starves it (seen: minutes-long stalls of the test suite on 2 cores), so after a
+ * few yields the waiter naps, 10 us doubling to 0.64 ms, and gives the core away. */
+static void backoff(int *spins) {
+    int s = *spins < 1 << 30 ? ++*spins : *spins;
+    if (s < SPIN_BEFORE_YIELD) { pd_cpu_relax(); return; }
+    if (s < SPIN_BEFORE_YIELD + YIELDS_BEFORE_NAP) { sched_yield(); return; }
+    int shift = s - SPIN_BEFORE_YIELD - YIELDS_BEFORE_NAP;
+    struct timespec ts = { 0, 10000L << (shift < 6 ? shift : 6) };
+    nanosleep(&ts, NULL);
+}
 
 struct pd_pool {
     int n;
@@ -45,9 +68,13 @@ static void *worker_main(void *arg_) {
     int seen = 0;
     for (;;) {
         int spins = 0, gen;
+        uint64_t t0 = 0;
         while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            if (++spins < SPIN_BEFORE_SLEEP) { pd_cpu_relax(); continue; }
+            pd_cpu_relax();
+            if (++spins & 255) continue;          /* the clock every 256 pauses */
+            if (!t0) { t0 = now_ns(); continue; }
+            if (now_ns() - t0 < IDLE_SPIN_NS) continue;
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleeping, 1);
             while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
@@ -55,6 +82,7 @@ static void *worker_main(void *arg_) {
             atomic_fetch_sub(&p->sleeping, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
+            t0 = 0;
         }
         if (atomic_load(&p->stop)) break;
         seen = gen;
@@ -112,7 +140,7 @@ void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
     fn(ctx, 0, p->n);
     int spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) {
-        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+        backoff(&spins);
     }
 }
 
@@ -161,7 +189,7 @@ int pd_phase_end(pd_worker *w, int n_chunks) {
         uint64_t d = atomic_load_explicit(&ph->done, memory_order_acquire);
         if (d == want) return 0;
         if ((uint32_t)(d >> 32) != w->epoch) return -1;
-        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+        backoff(&spins);
     }
 }
 
@@ -175,6 +203,6 @@ void pd_barrier(pd_pool *p) {
     }
     int spins = 0;
     while (atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase) {
-        if (++spins < SPIN_BEFORE_YIELD) pd_cpu_relax(); else sched_yield();
+        backoff(&spins);
     }
 }

@@ -4,11 +4,20 @@
     llm = pydecode.load("smollm2-135m")
     print(llm.generate("Once upon a time", max_tokens=32).text)
 """
-from .errors import ContextFullError, ModelError, PydecodeError
-from .generation import Completion, Piece, Stats
-from .llm import LLM, load
-from .model import Model
+import os
 
-__all__ = ["load", "LLM", "Model", "Completion", "Piece", "Stats", "ModelError", "ContextFullError",
-           "PydecodeError"]
+# numpy's OpenBLAS starts a thread per core that spins (~0.1 s) after its start and after every
+# BLAS call; in a short run that was 6% of a 1-thread decode's CPU samples, competing with our
+# own pool. pydecode does no BLAS work on the hot path, so unless the user chose a thread count
+# (or imported numpy first), BLAS runs on the calling thread.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from .engine import Engine, Handle  # noqa: E402
+from .errors import ContextFullError, ModelError, PydecodeError, QueueFullError  # noqa: E402
+from .generation import Completion, Piece, Stats  # noqa: E402
+from .llm import LLM, load  # noqa: E402
+from .model import Model  # noqa: E402
+
+__all__ = ["load", "LLM", "Model", "Engine", "Handle", "Completion", "Piece", "Stats", "ModelError",
+           "ContextFullError", "QueueFullError", "PydecodeError"]
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """`pydecode bench`: llama-bench style numbers (pp / tg, mean +- std over repetitions after a
 warm-up), the roofline (weight + KV bytes per token against a measured read bandwidth), tokens/s
-against context depth, the Python share of a generation step, and an optional A/B comparison with
-llama-cpp-python on the same GGUF in the same process.
+against context depth, the Python share of a generation step, an optional A/B comparison with
+llama-cpp-python on the same GGUF in the same process, and (--concurrency) batched decoding of
+many sequences through the Engine.
 """
 from __future__ import annotations
 
@@ -56,44 +57,106 @@ def _random_prompt(n_vocab: int, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(100, max(101, n_vocab - 100), n).tolist()
 
 
-def bench_pydecode(path, threads: int, n_prompt: int, n_gen: int, reps: int, depths=(0,), isa=None) -> list[Row]:
-    """pp{n_prompt} and tg{n_gen} (at each depth) for one thread count."""
+class _Ours:
+    """pydecode under test: pp (one prefill of the prompt) and tg (greedy decode steps)."""
+
+    def __init__(self, path, threads, n_ctx, isa=None):
+        self.m = m = Model(path, n_threads=threads, n_ctx=n_ctx, isa=isa)
+        self.name = m.gguf.metadata.get("general.name", m.path.stem)
+        self.size = m.gguf.file_size
+        self.params = sum(t.n_elements for t in m.gguf.tensors.values())
+        self.backend = f"pydecode/{m.isa}"
+        self.n_vocab = m.n_vocab
+        m.prefill([1] * 8)                                  # warm-up: page in the weights, start threads
+        for i in range(3):
+            m.decode_step(1, 8 + i)
+
+    def pp(self, prompt) -> float:
+        t = time.perf_counter()
+        self.m.prefill(prompt)
+        return len(prompt) / (time.perf_counter() - t)
+
+    def tg(self, n_gen, context=()) -> float:
+        """n_gen decode steps after `context` (prefilled, untimed; default one token)."""
+        context = list(context) or [1]
+        self.m.prefill(context)
+        tok, pos = context[-1], len(context)
+        t = time.perf_counter()
+        for i in range(n_gen):
+            tok = int(np.argmax(self.m.decode_step(tok, pos + i)))
+        return n_gen / (time.perf_counter() - t)
+
+    def close(self):
+        self.m.close()
+
+
+class _LlamaCppPython:
+    """The same tests through llama-cpp-python (an optional install), for the A/B comparison."""
+
+    def __init__(self, path, threads, n_ctx, n_batch):
+        import llama_cpp  # optional dependency
+
+        self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
+                                   n_ctx=n_ctx, n_batch=n_batch, verbose=False)
+        self.backend = "llama-cpp-python"
+        self.n_vocab = self.llm.n_vocab()
+        self.llm.reset()
+        self.llm.eval([1] * 8)
+
+    def pp(self, prompt) -> float:
+        self.llm.reset()
+        t = time.perf_counter()
+        self.llm.eval(prompt)
+        return len(prompt) / (time.perf_counter() - t)
+
+    def _argmax(self) -> int:
+        # The last token's logits, read in place (Llama.scores stays empty unless logits_all).
+        return int(np.argmax(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.n_vocab,))))
+
+    def tg(self, n_gen, context=()) -> float:
+        llm = self.llm
+        llm.reset()
+        llm.eval(list(context) or [1])
+        tok = self._argmax()
+        t = time.perf_counter()
+        for _ in range(n_gen):
+            llm.eval([tok])
+            tok = self._argmax()
+        return n_gen / (time.perf_counter() - t)
+
+    def close(self):
+        self.llm.close()
+
+
+def bench_threads(path, threads: int, n_prompt: int, n_gen: int, reps: int, depths=(0,), isa=None,
+                  compare: str | None = None) -> list[Row]:
+    """pp{n_prompt} and tg{n_gen} (at each depth) for one thread count; with compare, the other
+    runtime on the same file runs each repetition right after ours (A/B alternating, so that
+    machine noise hits both alike)."""
     depth_max = max(depths)
-    m = Model(path, n_threads=threads, n_ctx=max(n_prompt, depth_max + n_gen + 1) + 8, isa=isa)
-    name = m.gguf.metadata.get("general.name", m.path.stem)
-    size = m.gguf.file_size
-    params = sum(t.n_elements for t in m.gguf.tensors.values())
-    backend = f"pydecode/{m.isa}"
-    rows = []
-    prompt = _random_prompt(m.n_vocab, max(n_prompt, depth_max, 1))
-    m.prefill(prompt[:8])                                   # warm-up: page in the weights, start threads
-    for _ in range(3):
-        m.decode_step(1, 8)
-    if n_prompt:
-        row = Row(name, size, params, backend, threads, f"pp{n_prompt}")
-        for _ in range(reps):
-            t = time.perf_counter()
-            m.prefill(prompt[:n_prompt])
-            row.runs.append(n_prompt / (time.perf_counter() - t))
-        rows.append(row)
+    n_ctx = max(n_prompt, depth_max + n_gen + 1) + 8
+    runners = [_Ours(path, threads, n_ctx, isa)]
+    if compare == "llama-cpp-python":
+        runners.append(_LlamaCppPython(path, threads, n_ctx, max(n_prompt, depth_max, 8)))
+    ours = runners[0]
+    m = ours.m
+    prompt = _random_prompt(ours.n_vocab, max(n_prompt, depth_max, 1))
     kv_elem = 2 if m.kv_type == "f16" else 4
+    tests = [(f"pp{n_prompt}", None, 0)] if n_prompt else []
     for depth in depths:
-        test = f"tg{n_gen}" + (f" @ d{depth}" if depth else "")
-        # average KV bytes read per step over the run (positions depth..depth+n_gen)
+        # tg reads every weight plus the KV cache: on average depth + n_gen/2 positions per step
         kv = m.config.kv_bytes_per_token(kv_elem) * (depth + n_gen / 2)
-        row = Row(name, size, params, backend, threads, test, bytes_per_token=int(m.weight_bytes() + kv))
-        if depth:
-            m.prefill(prompt[:depth])
+        tests.append((f"tg{n_gen}" + (f" @ d{depth}" if depth else ""), depth, int(m.weight_bytes() + kv)))
+    rows = []
+    for test, depth, bpt in tests:
+        mine = [Row(ours.name, ours.size, ours.params, r.backend, threads, test, bytes_per_token=bpt)
+                for r in runners]
         for _ in range(reps):
-            tok, pos = 1, max(depth, 1)
-            if not depth:
-                m.prefill([1])
-            t = time.perf_counter()
-            for i in range(n_gen):
-                tok = int(np.argmax(m.decode_step(tok, pos + i)))
-            row.runs.append(n_gen / (time.perf_counter() - t))
-        rows.append(row)
-    m.close()
+            for r, row in zip(runners, mine):
+                row.runs.append(r.pp(prompt[:n_prompt]) if depth is None else r.tg(n_gen, prompt[:depth]))
+        rows += mine
+    for r in runners:
+        r.close()
     return rows
 
 
@@ -114,40 +177,6 @@ def python_overhead(path, threads: int, n_gen: int = 128) -> tuple[float, float]
         best = cand if best is None or cand[0] < best[0] else best
     llm.close()
     return best
-
-
-def bench_llama_cpp_python(path, threads: int, n_prompt: int, n_gen: int, reps: int) -> list[Row]:
-    """The same tests through llama-cpp-python (must be installed), for an A/B comparison."""
-    import llama_cpp  # optional dependency
-
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
-                          n_ctx=max(n_prompt, n_gen) + 16, n_batch=max(n_prompt, 8), verbose=False)
-    name = f"{path.name}"
-    size = path.stat().st_size
-    rows = []
-    prompt = _random_prompt(llm.n_vocab(), max(n_prompt, 8))
-    llm.reset()
-    llm.eval(prompt[:8])
-    if n_prompt:
-        row = Row(name, size, 0, "llama-cpp-python", threads, f"pp{n_prompt}")
-        for _ in range(reps):
-            llm.reset()
-            t = time.perf_counter()
-            llm.eval(prompt[:n_prompt])
-            row.runs.append(n_prompt / (time.perf_counter() - t))
-        rows.append(row)
-    row = Row(name, size, 0, "llama-cpp-python", threads, f"tg{n_gen}")
-    for _ in range(reps):
-        llm.reset()
-        llm.eval([1])
-        tok = 1
-        t = time.perf_counter()
-        for _ in range(n_gen):
-            llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        row.runs.append(n_gen / (time.perf_counter() - t))
-    rows.append(row)
-    return rows
 
 
 def format_table(rows: list[Row], show_roofline: bool = True) -> str:
@@ -187,17 +216,13 @@ def run(model_path, threads: list[int], *, reps: int = 5, n_prompt: int = 64, n_
     rows: list[Row] = []
     ratios = []
     for t in threads:
-        ours = bench_pydecode(model_path, t, n_prompt, n_gen, reps, depths, isa)
-        for r in ours:
+        got = bench_threads(model_path, t, n_prompt, n_gen, reps, depths, isa, compare)
+        for r in got:
             r.bandwidth_gbs = bw.get(t, {}).get("model_size", 0.0)
-        rows += ours
-        if compare == "llama-cpp-python":
-            theirs = bench_llama_cpp_python(model_path, t, n_prompt, n_gen, reps)
-            rows += theirs
-            for a in ours:
-                for b in theirs:
-                    if a.test == b.test:
-                        ratios.append((t, a.test, a.mean / b.mean if b.mean else float("nan")))
+        rows += got
+        ours = [r for r in got if r.backend.startswith("pydecode")]
+        theirs = {r.test: r for r in got if not r.backend.startswith("pydecode")}
+        ratios += [(t, a.test, a.mean / theirs[a.test].mean) for a in ours if a.test in theirs and theirs[a.test].mean]
     echo(format_table(rows))
     for t, test, ratio in ratios:
         echo(f"pydecode / llama-cpp-python, {t} thread(s), {test}: {ratio:.2f}x")
@@ -207,3 +232,60 @@ def run(model_path, threads: list[int], *, reps: int = 5, n_prompt: int = 64, n_
     return {"rows": [r.to_dict() for r in rows], "bandwidth": bw,
             "ratios": [{"threads": t, "test": s, "ratio": r} for t, s, r in ratios],
             "python_share": share, "ms_per_token": ms}
+
+
+# ---- many sequences at once (`pydecode bench --concurrency 1,2,4,8,16`) ----
+
+_TOPICS = ["the sea", "a small robot", "winter in the mountains", "the history of bread", "a lost key",
+           "the moon landing", "an old library", "learning to swim", "a city at night", "the first computer",
+           "a garden in spring", "a long train journey", "the northern lights", "a chess game", "honey bees",
+           "a lighthouse keeper"]
+
+
+def _conc_prompt(i: int) -> str:
+    return f"Story {i + 1}: a short story about {_TOPICS[i % len(_TOPICS)]}."
+
+
+def bench_concurrency(path, threads: int, levels, n_gen: int, isa=None) -> list[dict]:
+    """For each level C: C sequences of n_gen tokens each, from short different prompts, through
+    the batching Engine (one model with n_seq = max level; one timed run per level after a
+    warm-up). Every sequence runs its full n_gen tokens (end-of-generation tokens are ignored, as
+    llama-bench does), so levels compare like for like."""
+    from .engine import Engine
+    from .model import DEFAULT_N_BATCH
+
+    top = max(levels)
+    m = Model(path, n_threads=threads, n_seq=top, n_batch=max(DEFAULT_N_BATCH, top), n_ctx=n_gen + 64, isa=isa)
+    wb = m.weight_bytes()
+    Engine(m, max_seqs=1).submit(_conc_prompt(0), 4).result()   # warm-up: page in the weights, start threads
+    rows = []
+    for c in levels:
+        eng = Engine(m, max_seqs=c)
+        t = time.perf_counter()
+        handles = [eng.submit(_conc_prompt(i), n_gen) for i in range(c)]
+        for h in handles:
+            h._s.policy.eog = frozenset()   # run to n_gen: no sequence ends early (before any step runs)
+        outs = [h.result() for h in handles]
+        wall = time.perf_counter() - t
+        gen = sum(o.stats.generated_tokens for o in outs)
+        itl = np.array([x for o in outs for x in o.stats.token_latencies_s]) * 1e3
+        ttft = np.array([o.stats.ttft_s for o in outs]) * 1e3
+        p50, p95, p99 = np.percentile(itl, [50, 95, 99]) if len(itl) else (0.0, 0.0, 0.0)
+        rows.append({"threads": threads, "concurrency": c, "generated_tokens": gen, "wall_s": wall,
+                     "tokens_per_s": gen / wall, "per_seq_tokens_per_s": float(np.mean([o.stats.decode_tokens_per_s for o in outs])),
+                     "itl_p50_ms": float(p50), "itl_p95_ms": float(p95), "itl_p99_ms": float(p99),
+                     "ttft_p50_ms": float(np.median(ttft)), "ttft_mean_ms": float(ttft.mean()),
+                     "weight_bytes_per_token": wb / c, "isa": m.isa})
+    m.close()
+    return rows
+
+
+def format_concurrency(rows: list[dict]) -> str:
+    out = ["| threads | concurrency | t/s (all) | t/s (per seq) | ITL p50 ms | ITL p95 ms | ITL p99 ms | "
+           "TTFT p50 ms | weight MB / token |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['threads']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['per_seq_tokens_per_s']:.1f} | "
+                   f"{r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['ttft_p50_ms']:.1f} | "
+                   f"{r['weight_bytes_per_token'] / 1e6:.1f} |")
+    return "\n".join(out)

@@ -547,20 +547,35 @@ def pull(name, force):
 @click.option("--bandwidth", is_flag=True, help="Probe read bandwidth and show %% of it reached by tg.")
 @click.option("--compare", type=click.Choice(["llama-cpp-python"]), default=None,
               help="A/B against llama-cpp-python on the same file (must be installed).")
+@click.option("--concurrency", default=None, metavar="C1,C2,...",
+              help="Instead of pp/tg: C sequences of N_GEN tokens each at once through the batching Engine, "
+                   "for each level (e.g. 1,2,4,8,16): aggregate and per-sequence t/s, ITL, TTFT.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @_isa_opt
-def bench(model, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, as_json, isa):
-    """Speed of MODEL, llama-bench style: pp / tg tokens/s (mean ± std), roofline, depth sweep."""
+def bench(model, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, concurrency, as_json, isa):
+    """Speed of MODEL, llama-bench style: pp / tg tokens/s (mean ± std), roofline, depth sweep;
+    --concurrency: many sequences decoded at once."""
     import json as _json
 
     from . import bench as _bench
-    from .model import physical_cores
+    from .model import MAX_N_SEQ, physical_cores
 
     try:
         path = registry.resolve(model)
         threads = list(threads) or sorted({1, physical_cores()})
         if reps < 1 or n_gen < 1 or n_prompt < 0 or any(t < 1 for t in threads) or any(x < 0 for x in depth):
             raise click.BadParameter("reps, n-gen and threads must be >= 1; n-prompt and depths >= 0")
+        if concurrency is not None:
+            try:
+                levels = [int(x) for x in concurrency.split(",")]
+            except ValueError:
+                levels = []
+            if not levels or any(not 1 <= c <= MAX_N_SEQ for c in levels):
+                raise click.BadParameter(f"a comma-separated list of integers in 1..{MAX_N_SEQ}, got {concurrency!r}",
+                                         param_hint="--concurrency")
+            rows = [r for t in threads for r in _bench.bench_concurrency(path, t, levels, n_gen, isa=isa)]
+            click.echo(_json.dumps({"concurrency": rows}) if as_json else _bench.format_concurrency(rows))
+            return
         if compare:
             try:
                 import llama_cpp  # noqa: F401

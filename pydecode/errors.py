@@ -11,3 +11,7 @@ class ModelError(PydecodeError, ValueError):
 
 class ContextFullError(PydecodeError, ValueError):
     """The prompt (plus what must be generated) does not fit in the context window."""
+
+
+class QueueFullError(PydecodeError, RuntimeError):
+    """An Engine's bounded queue (max_queue) holds as many waiting requests as it may."""

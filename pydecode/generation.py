@@ -4,6 +4,9 @@ Follow one token: `prefill` fills the KV cache with the prompt and gives the las
 logits; `sample` picks a token; `should_stop` decides whether it ends the generation; otherwise
 the incremental detokenizer turns it into text and `decode_step` runs it through every layer,
 appending its K/V (append_kv, in C) and giving the next logits.
+
+The per-token part (sample -> should_stop -> stop strings -> detokenize) is TokenPolicy, shared
+with the batched Engine (pydecode/engine.py); Generation only adds the single-sequence model calls.
 """
 from __future__ import annotations
 
@@ -120,12 +123,31 @@ class StopStrings:
         return out
 
 
-class Generation:
-    """One generation over a Model whose cache holds `cached` tokens from an earlier call.
-    A plain iterator of Pieces; `completion` holds the result once it has ended. It can be
-    abandoned midway (close(), or just dropped) or cancelled: the cache bookkeeping stays right."""
+def ring_extra(model) -> int | None:
+    """n_batch when the model has sliding-window layers (their cache is a ring of window + n_batch
+    positions, see ArchConfig.kv_positions), else None."""
+    c = model.config
+    return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
 
-    def __init__(self, model: Model, prompt: list[int], cached: list[int], max_tokens: int,
+
+def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None) -> int:
+    """How many leading prompt tokens can keep the K/V that a cache holding `cached` has for them:
+    the longest common prefix, less the last prompt token (its logits are needed), and none when
+    a sliding-window ring (ring = ring_extra) no longer holds the window before that prefix's end:
+    it survives only while at most ring + 1 positions were written after it."""
+    n, limit = 0, min(len(cached), len(prompt) - 1)
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return 0 if ring is not None and len(cached) - n > ring else n
+
+
+class TokenPolicy:
+    """The per-token policy of one generation: sample -> should_stop -> stop strings -> detokenize
+    -> Pieces, and the Completion at the end. Generation (one sequence) and the Engine (many, batched)
+    both feed it logits; neither repeats any of it. It never calls the model: after `step`, either
+    the generation has ended (`completion` is set) or `tokens[-1]` must be decoded at `pos`."""
+
+    def __init__(self, tokenizer, n_vocab: int, n_ctx: int, prompt: list[int], max_tokens: int,
                  params: SamplingParams, stop=None, logprobs: int | None = None):
         if not prompt:
             raise ValueError("the prompt is empty (no tokens)")
@@ -133,27 +155,101 @@ class Generation:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 100):
             raise ValueError(f"logprobs must be an integer in 0..100 or None, got {logprobs!r}")
-        if len(prompt) > model.n_ctx:
-            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {model.n_ctx}")
-        self.model, self.prompt, self.max_tokens, self.params = model, prompt, max_tokens, params
+        if len(prompt) > n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}")
+        self.tokenizer, self.n_ctx, self.max_tokens, self.logprobs = tokenizer, n_ctx, max_tokens, logprobs
         self.stops = StopStrings(stop)
-        self.logprobs = logprobs
-        self.sampler = Sampler(params, model.n_vocab)
-        # Reuse the K/V of the longest common prefix with what the cache holds, but always
-        # recompute at least the last prompt token: its logits are needed.
-        n = 0
-        limit = min(len(cached), len(prompt) - 1)
-        while n < limit and cached[n] == prompt[n]:
-            n += 1
-        self.reused = n
+        self.sampler = Sampler(params, n_vocab)
+        self.detok = tokenizer.decoder(skip_special=True)
+        self.eog = tokenizer.eog_ids
+        self.recent = list(prompt[-params.repeat_last_n:]) if params.penalized else None
         self.tokens: list[int] = []
-        self.kv_tokens: list[int] = list(prompt[:n])  # tokens whose K/V the cache holds, in order
-        self.stats = Stats(prompt_tokens=len(prompt), cached_tokens=n)
+        self.stats = Stats(prompt_tokens=len(prompt))
         self.completion: Completion | None = None
+        self.t0 = time.perf_counter()      # ttft counts from here (the driver resets it)
         self._text: list[str] = []
         self._lps: list | None = [] if logprobs is not None else None
+
+    def step(self, logits: np.ndarray, pos: int) -> list[Piece]:
+        """Chooses the next token from `logits` (pos: where it would be decoded) and returns the
+        pieces to emit now."""
+        st = self.stats
+        token = self.sampler.sample(logits, self.recent or ())
+        if not self.tokens:
+            st.ttft_s = time.perf_counter() - self.t0
+        finish = should_stop(token, len(self.tokens) + 1, self.max_tokens, pos, self.n_ctx, self.eog)
+        if finish and finish[0] == "stop":        # end-of-generation token: not emitted
+            return self.end("stop", f"{finish[1]} {self.tokenizer.decode([token])!r}")
+        lp = top_logprobs(logits, self.sampler, token, self.logprobs) if self.logprobs is not None else None
+        self.tokens.append(token)
+        st.generated_tokens = len(self.tokens)
+        if self.recent is not None:
+            self.recent.append(token)
+        if lp is not None:
+            self._lps.append((token, lp[0], lp[1]))
+        out = []
+        text, stop = self.stops.feed(self.detok.feed(token))
+        if text or stop is None:
+            self._text.append(text)
+            out.append(Piece(token, text, *(lp if lp else (None, None))))
+        if stop is not None:
+            self.finish("stop", f"stop string {stop!r}")
+        elif finish:                               # max_tokens or a full context
+            out += self.end(*finish)
+        return out
+
+    def end(self, reason: str, detail: str) -> list[Piece]:
+        """Ends the generation now: text held back (an incomplete character, a possible stop
+        string) is released, unless a stop string completes in it (then that is the reason,
+        except for a cancel)."""
+        text, stop = self.stops.feed(self.detok.flush())
+        if stop is None:
+            text += self.stops.flush()
+        elif reason != "cancelled":
+            reason, detail = "stop", f"stop string {stop!r}"
+        self._text.append(text)
+        self.finish(reason, detail)
+        return [Piece(-1, text)] if text else []
+
+    def abort(self, detail: str) -> None:
+        """Ends it without a drain (an interrupt or an abandoned stream): held text is kept."""
+        self._text.append(self.stops.flush())
+        self.finish("cancelled", detail)
+
+    def finish(self, reason: str, detail: str) -> None:
+        if self.completion is None:
+            self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,
+                                         self._lps)
+
+
+class Generation:
+    """One generation over a Model whose cache holds `cached` tokens from an earlier call.
+    A plain iterator of Pieces; `completion` holds the result once it has ended. It can be
+    abandoned midway (close(), or just dropped) or cancelled: the cache bookkeeping stays right."""
+
+    def __init__(self, model: Model, prompt: list[int], cached: list[int], max_tokens: int,
+                 params: SamplingParams, stop=None, logprobs: int | None = None):
+        self.policy = TokenPolicy(model.tokenizer, model.n_vocab, model.n_ctx, prompt, max_tokens, params,
+                                  stop=stop, logprobs=logprobs)
+        self.model, self.prompt, self.max_tokens, self.params = model, prompt, max_tokens, params
+        n = reusable_prefix(cached, prompt, ring_extra(model)) if cached else 0
+        self.reused = n
+        self.policy.stats.cached_tokens = n
+        self.kv_tokens: list[int] = list(prompt[:n])  # tokens whose K/V the cache holds, in order
         self._cancelled = False
         self._it = self._run()
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.policy.tokens
+
+    @property
+    def stats(self) -> Stats:
+        return self.policy.stats
+
+    @property
+    def completion(self) -> Completion | None:
+        return self.policy.completion
 
     def __iter__(self) -> Iterator[Piece]:
         return self
@@ -168,31 +264,12 @@ class Generation:
     def close(self) -> None:
         """Abandons the generation now; `completion` says "cancelled" if it had not ended."""
         self._it.close()
-        self._finish("cancelled", "abandoned")
-
-    def _finish(self, reason: str, detail: str) -> None:
-        if self.completion is None:
-            self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,
-                                         self._lps)
-
-    def _drain(self, detok) -> Iterator[Piece]:
-        """At the end: text held back (an incomplete character, a possible stop string) is
-        released, unless a stop string completes in it. Returns the stop string that matched."""
-        text, stop = self.stops.feed(detok.flush())
-        if stop is None:
-            text += self.stops.flush()
-        if text:
-            self._text.append(text)
-            yield Piece(-1, text)
-        return stop
+        self.policy.finish("cancelled", "abandoned")
 
     def _run(self) -> Iterator[Piece]:
-        model, st = self.model, self.stats
-        detok = model.tokenizer.decoder(skip_special=True)
-        eog = model.tokenizer.eog_ids
-        recent = list(self.prompt[-self.params.repeat_last_n:]) if self.params.penalized else None
+        model, pol, st = self.model, self.policy, self.policy.stats
         try:
-            t0 = time.perf_counter()
+            pol.t0 = t0 = time.perf_counter()
             logits = model.prefill(self.prompt[self.reused:], pos=self.reused)
             self.kv_tokens = list(self.prompt)
             st.positions_computed += len(self.prompt) - self.reused
@@ -200,44 +277,21 @@ class Generation:
             pos = len(self.prompt)
             while True:
                 if self._cancelled:
-                    yield from self._drain(detok)
-                    return self._finish("cancelled", "cancel()")
-                token = self.sampler.sample(logits, recent or ())
-                if not self.tokens:
-                    st.ttft_s = time.perf_counter() - t0
-                finish = should_stop(token, len(self.tokens) + 1, self.max_tokens, pos, model.n_ctx, eog)
-                if finish and finish[0] == "stop":        # end-of-generation token: not emitted
-                    stop = yield from self._drain(detok)
-                    detail = f"{finish[1]} {model.tokenizer.decode([token])!r}"
-                    return self._finish("stop", detail if stop is None else f"stop string {stop!r}")
-                lp = top_logprobs(logits, self.sampler, token, self.logprobs) if self.logprobs is not None else None
-                self.tokens.append(token)
-                st.generated_tokens = len(self.tokens)
-                if recent is not None:
-                    recent.append(token)
-                if lp is not None:
-                    self._lps.append((token, lp[0], lp[1]))
-                text, stop = self.stops.feed(detok.feed(token))
-                if text or stop is None:
-                    self._text.append(text)
-                    yield Piece(token, text, *(lp if lp else (None, None)))
-                if stop is not None:
-                    return self._finish("stop", f"stop string {stop!r}")
-                if finish:                                  # max_tokens or a full context
-                    stop = yield from self._drain(detok)
-                    return self._finish(*finish) if stop is None else self._finish("stop", f"stop string {stop!r}")
+                    yield from pol.end("cancelled", "cancel()")
+                    return
+                yield from pol.step(logits, pos)
+                if pol.completion is not None:
+                    return
                 t1 = time.perf_counter()
-                logits = model.decode_step(token, pos)
-                self.kv_tokens.append(token)
+                logits = model.decode_step(pol.tokens[-1], pos)
+                self.kv_tokens.append(pol.tokens[-1])
                 pos += 1
                 st.positions_computed += 1
                 st.token_latencies_s.append(time.perf_counter() - t1)
         except KeyboardInterrupt:
             # Ctrl-C inside a step: end cleanly with what was produced. The cache stays
             # consistent: kv_tokens only grows after a decode_step has returned.
-            self._text.append(self.stops.flush())
-            self._finish("cancelled", "KeyboardInterrupt")
+            pol.abort("KeyboardInterrupt")
         except GeneratorExit:
-            self._text.append(self.stops.flush())
-            self._finish("cancelled", "abandoned")
+            pol.abort("abandoned")
             raise

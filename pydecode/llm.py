@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from .chat import fallback_template, render
+from .engine import Engine, Handle
 from .generation import Completion, Generation
 from .model import Model
 from .registry import resolve
@@ -11,13 +13,25 @@ from .sampling import SamplingParams
 
 
 class LLM:
-    """A model ready to generate. One sequence: successive calls reuse the KV cache of the
-    longest common prefix (a chat's history is not recomputed)."""
+    """A model ready to generate. Successive calls reuse the KV cache of the longest common
+    prefix (a chat's history is not recomputed). With n_seq > 1 (see load) every call goes through
+    a batching Engine: streams in several threads run at once, and generate_batch runs prompts
+    together."""
 
     def __init__(self, model: Model):
         self.model = model
         self.tokenizer = model.tokenizer
         self._last: Generation | None = None
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        """The batching engine over the model's sequence slots (made on first use)."""
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = Engine(self.model)
+            return self._engine
 
     @property
     def n_ctx(self) -> int:
@@ -34,8 +48,10 @@ class LLM:
     def _cached(self) -> list[int]:
         return self._last.kv_tokens if self._last is not None else []
 
-    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Generation:
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Generation | Handle:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if self.model.n_seq > 1:   # slots for several sequences: the engine shares them out
+            return self.engine.submit(ids, max_tokens, stop=stop, logprobs=logprobs, **sampling)
         params = SamplingParams(**sampling)
         gen = Generation(self.model, ids, self._cached(), max_tokens, params, stop=stop, logprobs=logprobs)
         if self._last is not None and self._last.completion is None:
@@ -47,10 +63,11 @@ class LLM:
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                seed: int | None = None, stop: str | list[str] | None = None,
-               logprobs: int | None = None) -> Generation:
+               logprobs: int | None = None) -> Generation | Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text). It can be
         abandoned midway or ended with .cancel(); .completion holds the result once it has ended.
-        Parameters as in generate()."""
+        Parameters as in generate(). With n_seq > 1 it is an Engine Handle, and other streams
+        (from other threads too) run alongside it; with one slot a new stream ends the last one."""
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -78,6 +95,24 @@ class LLM:
         assert gen.completion is not None
         return gen.completion
 
+    def generate_batch(self, prompts: list[str | list[int]], max_tokens: int = 256, **params) -> list[Completion]:
+        """Completions of several prompts, in their order; parameters as in generate(), the same
+        for each. With n_seq > 1 they run batched, n_seq at a time (the rest queued, joining as
+        others finish); with one slot, one after another."""
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of prompts (texts or token-id lists), not one string")
+        prompts = list(prompts)
+        if self.model.n_seq == 1:
+            return [self.generate(p, max_tokens, **params) for p in prompts]
+        handles = []
+        try:
+            for p in prompts:   # every prompt is checked before any runs
+                handles.append(self.stream(p, max_tokens, **params))
+            return [h.result() for h in handles]
+        finally:
+            for h in handles:   # no-op for finished ones; after an error, none keeps running
+                h.cancel()
+
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of `messages`."""
         tok = self.tokenizer
@@ -92,7 +127,7 @@ class LLM:
         prefills only its new tokens (see .stats.cached_tokens)."""
         return self.generate(self._chat_ids(messages), max_tokens, **sampling)
 
-    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Generation:
+    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Generation | Handle:
         """Like chat, streamed."""
         return self.stream(self._chat_ids(messages), max_tokens, **sampling)
 
@@ -106,6 +141,8 @@ class LLM:
         return ids
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.stop()
         self.model.close()
 
     def __enter__(self):
@@ -116,8 +153,9 @@ class LLM:
 
 
 def load(model: str | os.PathLike = "smollm2-135m", *, n_ctx: int | None = None, n_threads: int | None = None,
-         kv_type: str = "f16", isa: str | None = None) -> LLM:
+         kv_type: str = "f16", isa: str | None = None, n_seq: int = 1) -> LLM:
     """Loads a model by registry name (fetched on first use) or by path to a .gguf file.
-    n_threads defaults to the number of physical cores; n_ctx to min(4096, the model's trained context)."""
+    n_threads defaults to the number of physical cores; n_ctx (per sequence) to min(4096, the
+    model's trained context); n_seq: sequences decoded together (a KV cache slot each)."""
     path = resolve(model)
-    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa))
+    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa, n_seq=n_seq))

@@ -13,6 +13,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+# Coverage-guided fuzzing where atheris installs (a wheel exists for this Python), else the plain loop.
+.venv/bin/python -m pip install -q 'atheris>=2.3' 2>/dev/null || echo "test.sh: atheris unavailable, fuzzing with the plain mutation loop" >&2
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 
 stage=${PYDECODE_SANITIZE_STAGE:-1}

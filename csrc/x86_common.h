@@ -1,0 +1,168 @@
+/* x86 helpers shared by the 256/512-bit kernel files (kernels_avx2.c, kernels_avxvnni.c,
+ * kernels_avx512.c). Included, not linked: each file compiles them with its own ISA flags.
+ * The includer defines PF_DIST first. */
+#ifndef PD_X86_COMMON_H
+#define PD_X86_COMMON_H
+#include "kernels.h"
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+AI float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+AI uint16_t ld16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* Software prefetch for a 4-row tile walking its rows in lock-step: the byte PF_DIST ahead in
+ * the same row, or, past the row's end, in the rows 4 (8, ...) below, which the next tiles read
+ * first; the hardware prefetcher cannot guess those jumps. pf points at row 0's target. */
+typedef struct { const char *p; size_t off, rb, jump; } pd_pf;
+
+AI pd_pf pf_init(const char *w, size_t rb, size_t ws) {
+    const size_t tiles = PF_DIST / rb;
+    return (pd_pf){w + tiles * 4 * ws + PF_DIST % rb, PF_DIST % rb, rb, 4 * ws - rb};
+}
+AI void pf_advance(pd_pf *pf, size_t bytes) {
+    pf->p += bytes;
+    pf->off += bytes;
+    if (pf->off >= pf->rb) { pf->off -= pf->rb; pf->p += pf->jump; }
+}
+
+/* [sum of the 8 lanes of v[j]] for j < 8: a transposing reduction (per 128-bit half, hadd
+ * pairs up lanes of two vectors; the final add joins the halves). */
+AI __m256i reduce8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+/* The same for 4 vectors: [sum v[0], .., sum v[3]]. */
+AI __m128i reduce4(const __m256i v[4]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+}
+
+/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
+ * groups of up to CM. tile(R, C, row0, col0) must be a macro of constant R, C. */
+#define RUN_TILES(CM, TILE)                                                                   \
+    _Static_assert(CM >= 1 && CM <= 4, "RUN_TILES has cases for up to 4 columns");            \
+    for (int r = 0; r < nrows;) {                                                             \
+        const int R = nrows - r >= 4 ? 4 : 1;                                                 \
+        for (int c = 0; c < ncols;) {                                                         \
+            const int C = ncols - c >= CM ? CM : ncols - c;                                   \
+            switch (R * 8 + C) {                                                              \
+            case 4 * 8 + 1: TILE(4, 1, r, c); break;                                          \
+            case 4 * 8 + 2: TILE(4, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 4 * 8 + 3: TILE(4, CM > 2 ? 3 : 1, r, c); break;                             \
+            case 4 * 8 + 4: TILE(4, CM > 3 ? 4 : 1, r, c); break;                             \
+            case 1 * 8 + 1: TILE(1, 1, r, c); break;                                          \
+            case 1 * 8 + 2: TILE(1, CM > 1 ? 2 : 1, r, c); break;                             \
+            case 1 * 8 + 3: TILE(1, CM > 2 ? 3 : 1, r, c); break;                             \
+            default:        TILE(1, CM > 3 ? 4 : 1, r, c); break;                             \
+            }                                                                                 \
+            c += C;                                                                           \
+        }                                                                                     \
+        r += R;                                                                               \
+    }
+
+/* ---- legacy block formats (x pd_q8): sizes, nibble / fifth-bit unpacking, f16 scales ---- */
+
+enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
+
+AI size_t blk_bytes(int T) {
+    return T == T_Q4_0 ? sizeof(pd_block_q4_0) : T == T_Q4_1 ? sizeof(pd_block_q4_1)
+         : T == T_Q5_0 ? sizeof(pd_block_q5_0) : T == T_Q5_1 ? sizeof(pd_block_q5_1)
+         : sizeof(pd_block_q8_0);
+}
+
+AI int has_min(int T) { return T == T_Q4_1 || T == T_Q5_1; }
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles are values 0..15, the high ones 16..31.
+ * Both lanes get the 16 bytes; the upper lane is shifted right by 4 before the mask. */
+AI __m256i nibbles(const char *qs) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)),
+                            _mm256_set1_epi8(0x0f));
+}
+
+/* The 32 fifth bits (little-endian word at qh) -> 0x10 in byte j where bit j is set. */
+AI __m256i fifth_bits(const char *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                              0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread); /* byte j: byte j/8 of h */
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The f16 at p + r*stride for r < R as floats in lanes 0..R-1 (zeros after). */
+AI __m128 load_h4(const char *p, size_t stride, int R) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)ld16(p), R > 1 ? (short)ld16(p + stride) : 0,
+                                       R > 2 ? (short)ld16(p + 2 * stride) : 0,
+                                       R > 3 ? (short)ld16(p + 3 * stride) : 0, 0, 0, 0, 0));
+}
+
+AI __m256 bcast_lane(__m256 v2, int r) {   /* v2 holds the same 4 floats in both halves */
+    switch (r) {
+    case 0: return _mm256_shuffle_ps(v2, v2, 0x00);
+    case 1: return _mm256_shuffle_ps(v2, v2, 0x55);
+    case 2: return _mm256_shuffle_ps(v2, v2, 0xaa);
+    default: return _mm256_shuffle_ps(v2, v2, 0xff);
+    }
+}
+
+/* ---- K-quant block layouts: sizes, scale offsets and the packed 6-bit / Q3_K scales ---- */
+
+enum { T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K };
+
+AI size_t kblk_bytes(int T) {
+    return T == T_Q2_K ? sizeof(pd_block_q2_k) : T == T_Q3_K ? sizeof(pd_block_q3_k)
+         : T == T_Q4_K ? sizeof(pd_block_q4_k) : T == T_Q5_K ? sizeof(pd_block_q5_k)
+         : sizeof(pd_block_q6_k);
+}
+AI int k_has_min(int T) { return T == T_Q2_K || T == T_Q4_K || T == T_Q5_K; }
+AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with a minimum) */
+    return T == T_Q2_K ? offsetof(pd_block_q2_k, d) : T == T_Q3_K ? offsetof(pd_block_q3_k, d)
+         : T == T_Q6_K ? offsetof(pd_block_q6_k, d) : 0;
+}
+
+/* v holds 8 int16 scales, the same in both 128-bit halves: lanes 0..7 <- v[ia], 8..15 <- v[ib]
+ * (the scales of the two 16-value halves of a chunk; ia == ib for Q4_K/Q5_K's 32-value ones). */
+AI __m256i bcast16(__m256i v, int ia, int ib) {
+    const short a = (short)(2 * ia | (2 * ia + 1) << 8), b = (short)(2 * ib | (2 * ib + 1) << 8);
+    return _mm256_shuffle_epi8(v, _mm256_setr_epi16(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b));
+}
+AI __m256i lo_both(__m256i v) { return _mm256_permute2x128_si256(v, v, 0x00); }
+AI __m256i hi_both(__m256i v) { return _mm256_permute2x128_si256(v, v, 0x11); }
+
+/* Q4_K/Q5_K scale bytes -> [sc0..7, m0..7] (pd_unpack_scales_k4's word trick, in one register).
+ * Reads 16 bytes from s: the 12 scale bytes are followed by >= 4 more of the block. */
+AI __m128i scales_k4(const char *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* a0 a2 a1 a2 */
+    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* a0 a0 a1 a1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303));
+    return _mm_or_si128(lo, _mm_slli_epi32(hi, 4));
+}
+/* Q3_K scale bytes -> 16 signed scales (pd_unpack_scales_q3k's trick). Reads exactly 12 bytes:
+ * they are the last but 2 of the block, which may be the last of the tensor. */
+AI __m128i scales_q3k(const char *s) {
+    int32_t a2;
+    memcpy(&a2, s + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), a2, 2);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0));   /* a0 a1 a0 a1 */
+    const __m128i h = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));   /* a2 x 4 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+#endif
