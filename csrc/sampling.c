@@ -125,10 +125,10 @@ static int cand_by_histogram(const float *x, int n, int k, int32_t *cand) {
 }
 
 /* The k largest logits, sorted descending (ids and values), ties to the lower id. Returns how
- * many (min(k, n)). Exact, and fast on a big vocabulary: candidates are narrowed first (by a
- * sample's threshold when k is small against n, else by histograms of the values' bits), so
- * the heap runs over about k values, in vocabulary order, not over all n. If fewer than k
- * candidates come out, the heap runs over everything. */
+ * many (min(k, n)). Exact, and fast on a big vocabulary whatever k: candidates are narrowed
+ * first (by a sample's threshold when k is small against n, else by histograms of the values'
+ * bits; all of them when k >= n/2) and radix-sorted, in vocabulary order, so ties keep the lower
+ * id. Small inputs (or a failed allocation) take a heap over everything. */
 /* Sorts the candidates (ids ascending) by value, descending, keeping id order among equal
  * values: a stable LSD radix sort on the inverted keys, 4 passes of 8 bits. Writes the first k. */
 static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int32_t *ids, float *vals) {
@@ -157,9 +157,12 @@ static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
     if (!x || !ids || !vals || n <= 0 || k <= 0) return 0;
     if (k > n) k = n;
-    int32_t *cand = n >= 4096 && k < n / 2 ? malloc((size_t)n * sizeof *cand) : NULL;
+    int32_t *cand = n >= 4096 ? malloc((size_t)n * sizeof *cand) : NULL;
     int nc = 0, stride = n / (8 * k);
-    if (cand) nc = stride >= 4 ? cand_by_sample(x, n, k, stride, cand) : cand_by_histogram(x, n, k, cand);
+    if (cand && k >= n / 2)            /* most of the vocabulary: sort it all */
+        for (nc = 0; nc < n; nc++) cand[nc] = nc;
+    else if (cand)
+        nc = stride >= 4 ? cand_by_sample(x, n, k, stride, cand) : cand_by_histogram(x, n, k, cand);
     int done = nc >= k && radix_first_k(x, cand, nc, k, ids, vals) == k;
     free(cand);
     if (done) return k;

@@ -90,10 +90,6 @@ class Sampler:
 
     def _top(self, x: np.ndarray, k: int):
         k = min(k, len(x))
-        if k > 4096:   # a heap of this size loses to numpy's linear-time selection + a sort
-            part = np.argpartition(x, len(x) - k)[len(x) - k:]
-            order = part[np.lexsort((part, -x[part]))]
-            return order.astype(np.int32), x[order]
         if len(self._ids) < k:
             self._ids, self._vals = np.empty(k, np.int32), np.empty(k, np.float32)
         n = lib.pd_top_k(ffi.cast("float *", x.ctypes.data), len(x), k,

@@ -42,6 +42,6 @@ assert pydecode.__file__.startswith('$SAN'), pydecode.__file__; print('test.sh: 
 T=$REPO/tests
 "$REPO/.venv/bin/python" -m pytest -q -p no:cacheprovider -x \
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
-  "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" \
+  "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
   -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree"
 echo "test.sh: sanitizer stage passed in $((SECONDS - start)) s" >&2
