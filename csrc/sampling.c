@@ -76,6 +76,20 @@ static inline uint32_t fkey(float f) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* Per-thread scratch that outlives a call: a fresh malloc of a vocabulary-sized buffer each
+ * step went to mmap and page faults (tens of microseconds a step, measured in the decode loop). */
+typedef struct { void *p; size_t n; } scratch;
+static void *scratch_get(scratch *s, size_t bytes) {
+    if (s->n < bytes) {
+        void *p = realloc(s->p, bytes);
+        if (!p) return NULL;
+        s->p = p;
+        s->n = bytes;
+    }
+    return s->p;
+}
+static _Thread_local scratch s_cand, s_heap, s_hist, s_radix;
+
 /* Collects into cand the ids of values > the j-th best of a strided sample (j about 2k /
  * stride: about 2k values should beat it). Returns how many. */
 static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *cand) {
@@ -83,12 +97,11 @@ static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *can
     for (int i = 0; i < n; i += stride) cand[ns++] = i;
     int j = 2 * k / stride + 8;
     j = j < ns ? j : ns;
-    int32_t *hid = malloc((size_t)j * sizeof *hid);
-    float *hval = malloc((size_t)j * sizeof *hval);
-    if (!hid || !hval) { free(hid); free(hval); return 0; }
+    int32_t *hid = scratch_get(&s_heap, (size_t)j * (sizeof(int32_t) + sizeof(float)));
+    if (!hid) return 0;
+    float *hval = (float *)(hid + j);
     heap_top_k(x, cand, ns, j, hid, hval);
     const float t = hval[0];
-    free(hid); free(hval);
     for (int i = 0; i < n; i += 16) {
         int end = i + 16 < n ? i + 16 : n, any = 0;
         for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
@@ -103,8 +116,9 @@ static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *can
  * boundary bin) pin that down, so only k plus a handful of near-ties are collected. */
 static int cand_by_histogram(const float *x, int n, int k, int32_t *cand) {
     enum { BINS = 4096 };
-    uint32_t *h = calloc(BINS, sizeof *h);
+    uint32_t *h = scratch_get(&s_hist, BINS * sizeof *h);
     if (!h) return 0;
+    memset(h, 0, BINS * sizeof *h);
     uint32_t lo = 0, above = 0;
     for (int level = 0; level < 2; level++) {
         const int shift = level ? 8 : 20;
@@ -118,7 +132,6 @@ static int cand_by_histogram(const float *x, int n, int k, int32_t *cand) {
         for (; bin > 0 && above + h[bin] < (uint32_t)k; bin--) above += h[bin];
         lo |= (uint32_t)bin << shift;
     }
-    free(h);
     int nc = 0;
     for (int i = 0; i < n; i++) if (fkey(x[i]) >= lo) cand[nc++] = i;
     return nc;
@@ -132,9 +145,9 @@ static int cand_by_histogram(const float *x, int n, int k, int32_t *cand) {
 /* Sorts the candidates (ids ascending) by value, descending, keeping id order among equal
  * values: a stable LSD radix sort on the inverted keys, 4 passes of 8 bits. Writes the first k. */
 static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int32_t *ids, float *vals) {
-    uint32_t *key = malloc((size_t)nc * 2 * sizeof *key);
-    int32_t *id = malloc((size_t)nc * 2 * sizeof *id);
-    if (!key || !id) { free(key); free(id); return -1; }
+    uint32_t *key = scratch_get(&s_radix, (size_t)nc * 2 * (sizeof(uint32_t) + sizeof(int32_t)));
+    if (!key) return -1;
+    int32_t *id = (int32_t *)(key + 2 * (size_t)nc);
     uint32_t *k0 = key, *k1 = key + nc;
     int32_t *i0 = id, *i1 = id + nc;
     for (int i = 0; i < nc; i++) { k0[i] = ~fkey(x[cand[i]]); i0[i] = cand[i]; }
@@ -150,21 +163,19 @@ static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int
         int32_t *ti = i0; i0 = i1; i1 = ti;
     }
     for (int i = 0; i < k; i++) { ids[i] = i0[i]; vals[i] = x[i0[i]]; }
-    free(key); free(id);
     return k;
 }
 
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
     if (!x || !ids || !vals || n <= 0 || k <= 0) return 0;
     if (k > n) k = n;
-    int32_t *cand = n >= 4096 ? malloc((size_t)n * sizeof *cand) : NULL;
+    int32_t *cand = n >= 4096 ? scratch_get(&s_cand, (size_t)n * sizeof *cand) : NULL;
     int nc = 0, stride = n / (8 * k);
     if (cand && k >= n / 2)            /* most of the vocabulary: sort it all */
         for (nc = 0; nc < n; nc++) cand[nc] = nc;
     else if (cand)
         nc = stride >= 4 ? cand_by_sample(x, n, k, stride, cand) : cand_by_histogram(x, n, k, cand);
     int done = nc >= k && radix_first_k(x, cand, nc, k, ids, vals) == k;
-    free(cand);
     if (done) return k;
     heap_top_k(x, NULL, n, k, ids, vals);
     /* heap -> descending order: repeatedly move the minimum to the end */

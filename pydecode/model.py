@@ -231,11 +231,11 @@ class Model:
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         if not 0 <= pos < self.n_ctx:
             raise ContextFullError(f"position {pos} is outside the context of {self.n_ctx} tokens")
-        tok = ffi.new("int32_t *", int(token))
         with self._lock:
             if seq == 0:
                 rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
             else:
+                tok = ffi.new("int32_t *", int(token))
                 rc = lib.pd_prefill_seq(self._ptr, self._slot(seq), tok, 1, pos, self._logits_ptr, 0)
         self._check(rc)
         return self._logits
