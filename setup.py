@@ -16,6 +16,7 @@ COMMON_FLAGS = _build["COMMON_FLAGS"]
 X86_ISA_SOURCES = {
     "csrc/kernels_avx2.c": (["-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVX2"),
     "csrc/sampling_avx2.c": (["-mavx2", "-mfma"], "PD_HAVE_AVX2"),
+    "csrc/sampling_avx512.c": (["-mavx512f", "-mavx512dq", "-mfma"], "PD_HAVE_AVX512"),
     "csrc/kernels_avx512.c": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
                                "-mfma", "-mf16c", "-mavx2"], "PD_HAVE_AVX512"),
     "csrc/kernels_avxvnni.c": (["-mavxvnni", "-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVXVNNI"),

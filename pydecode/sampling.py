@@ -111,36 +111,26 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
     n = len(x)
     bounded = 0 < p.top_k < n
     k = p.top_k if bounded else min(CANDIDATES, n)
-    while True:
-        ids, vals = sampler._top(x, k)
-        shift = float(vals[0])
-        w = np.exp((vals.astype(np.float64) - shift) * inv_t)   # unnormalized candidate weights
-        # The mass the candidates stand against: themselves after top-k, else the whole vocabulary.
-        z = w.sum() if bounded or len(ids) == n else lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data),
-                                                                    n, inv_t, shift)
-        z = max(z, w.sum())
-        can_grow = not bounded and len(ids) < n
-        keep = len(ids)
-        if p.top_p < 1.0:                    # smallest prefix whose mass reaches top_p
-            cum = np.cumsum(w) / z
-            if cum[-1] < p.top_p and can_grow:
-                k *= 8
-                continue
-            keep = min(keep, int(np.searchsorted(cum, p.top_p)) + 1)
-        if p.min_p > 0.0:                    # w is relative to the most likely token (w[0] == 1)
-            above = int(np.count_nonzero(w >= p.min_p))
-            if above == len(ids) and can_grow:
-                k *= 8
-                continue
-            keep = min(keep, max(1, above))
-        break
-    truncated = bounded or keep < len(ids) or p.top_p < 1.0 or p.min_p > 0.0
-    if truncated:
-        w = w[:keep]
-        u = sampler.rng.random() * w.sum()
-        return int(ids[min(int(np.searchsorted(np.cumsum(w), u, side="right")), keep - 1)])
+    if bounded or p.top_p < 1.0 or p.min_p > 0.0:
+        # The truncated chain: top-p and min-p over the candidates, then the draw, in one C call.
+        u = sampler.rng.random()
+        while True:
+            ids, vals = sampler._top(x, k)
+            whole = bounded or len(ids) == n
+            z = 0.0 if whole else lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data), n, inv_t,
+                                                 float(vals[0]))
+            i = lib.pd_draw_candidates(ffi.cast("float *", vals.ctypes.data), len(ids), inv_t, z,
+                                       p.top_p, p.min_p, int(not whole), u)
+            if i >= 0:
+                return int(ids[i])
+            k *= 8                          # top-p not reached, or all pass min-p: more candidates
     # Plain temperature sampling over the whole vocabulary: mostly lands in the candidates;
     # the rare draw past them scans the tail in C.
+    ids, vals = sampler._top(x, k)
+    shift = float(vals[0])
+    w = np.exp((vals.astype(np.float64) - shift) * inv_t)   # unnormalized candidate weights
+    z = w.sum() if len(ids) == n else max(w.sum(), lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data),
+                                                                    n, inv_t, shift))
     u = sampler.rng.random() * z
     cw = np.cumsum(w)
     if u < cw[-1] or len(ids) == n:

@@ -216,3 +216,36 @@ def test_stop_strings_unit():
     assert s.feed("D!") == ("", "END")
     with pytest.raises(ValueError, match="stop"):
         StopStrings([""])
+
+
+# ---------------------------------------------------------------- the C primitives
+
+from pydecode import _core  # noqa: E402
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 33, 262_144])
+def test_sum_exp_matches_numpy_on_every_isa(isa, n):
+    """pd_sum_exp (scalar, AVX2 and AVX-512 exp polynomials; an ISA the CPU lacks falls back to
+    the best it has) against float64 numpy, including masked tails and scores far below the shift."""
+    x = (np.random.default_rng(n).standard_normal(n) * 20).astype(np.float32)
+    for scale, shift in [(1.0, float(x.max())), (1.25, float(x.max())), (0.5, 3.0)]:
+        got = _core.lib.pd_sum_exp(isa.encode(), _core.ffi.cast("float *", x.ctypes.data), n, scale, shift)
+        want = np.exp(scale * (x.astype(np.float64) - shift)).sum()
+        assert got == pytest.approx(want, rel=2e-6, abs=1e-30)
+
+
+@pytest.mark.parametrize("k", [1, 7, 256, 2048, 16_384, 40_000, 50_000])
+def test_top_k_is_exact_with_ties_to_the_lower_id(logits, k):
+    """pd_top_k's candidate narrowing (sample threshold, bit histograms, whole-vocabulary radix
+    sort) against a stable numpy sort, with ties and -0.0 == +0.0 in the data."""
+    x = logits.copy()
+    x[::97] = 1.5          # many exact ties
+    x[5::101] = -0.0
+    x[7::103] = 0.0
+    ids = np.empty(k, np.int32)
+    vals = np.empty(k, np.float32)
+    n = _core.lib.pd_top_k(_core.ffi.cast("float *", x.ctypes.data), len(x), k,
+                           _core.ffi.cast("int32_t *", ids.ctypes.data), _core.ffi.cast("float *", vals.ctypes.data))
+    want = np.argsort(-x.astype(np.float64), kind="stable")[:k]
+    assert n == min(k, len(x)) and (ids[:n] == want).all() and (vals[:n] == x[want]).all()
