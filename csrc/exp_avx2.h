@@ -3,23 +3,23 @@
 #ifndef PD_EXP_AVX2_H
 #define PD_EXP_AVX2_H
 #include <immintrin.h>
+#include "exp_poly.h"
 
-/* exp(x) for x <= 0 to ~2 ulp: 2^k * p(r) with x = k*ln2 + r, |r| <= ln2/2, a degree-6 polynomial.
- * Inputs below -87 flush to 0 (their share of a softmax sum is below float resolution anyway). */
+/* exp(x) for x <= 0 to ~2 ulp (see exp_poly.h). */
 static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 lo = _mm256_set1_ps(PD_EXP_MIN);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_max_ps(x, lo);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(PD_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(PD_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(PD_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(PD_EXP_P5);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PD_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PD_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PD_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PD_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PD_EXP_P0));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));

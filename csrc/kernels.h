@@ -154,10 +154,6 @@ typedef struct {
     void (*quantize_q8)(const float *x, pd_q8 *y, int k);         /* k % 32 == 0 */
     void (*quantize_q8k)(const float *x, pd_q8k *y, int k);       /* k % 256 == 0 */
     pd_matmul_fn matmul[PD_NTYPES];                                  /* NULL = unsupported */
-    float (*dot_f32)(const float *a, const float *b, int n);
-    float (*dot_f16)(const float *a, const uint16_t *b, int n);      /* attention: q . K row */
-    void (*axpy_f32)(float *y, float a, const float *x, int n);      /* y += a*x */
-    void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);   /* attention: acc += p*V row */
     void (*f32_to_f16)(const float *x, uint16_t *y, int n);          /* KV cache append */
     /* Attention over n cached rows (row i at k + i*stride elements, F16 if f16 else F32):
      * s[i] = scale * q . K_i;  exp_sub: x[i] = exp(x[i] - shift), returns the sum;

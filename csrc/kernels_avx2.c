@@ -278,52 +278,7 @@ F_MATMUL(matmul_bf16, T_BF16)
 
 /* ---------------------------------------------------------------- attention / KV helpers */
 
-static float dot_f32(const float *a, const float *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 AI __m256 ld_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-
-static float dot_f16(const float *a, const uint16_t *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_h8(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), ld_h8(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_h8(b + i), s0);
-    float s = hsum(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * _cvtsh_ss(b[i]);
-    return s;
-}
-
-static void axpy_f32(float *y, float a, const float *x, int n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, ld_h8(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
-}
 
 static void f32_to_f16(const float *x, uint16_t *y, int n) {
     int i = 0;
@@ -425,8 +380,6 @@ const pd_kernels pd_kernels_avx2 = {
         [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
         [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },
-    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
-    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
     .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
 };
@@ -440,10 +393,6 @@ PD_AVX2_EXPORT(matmul_q8_0)
 PD_AVX2_EXPORT(matmul_f32)
 PD_AVX2_EXPORT(matmul_f16)
 PD_AVX2_EXPORT(matmul_bf16)
-PD_AVX2_EXPORT(dot_f32)
-PD_AVX2_EXPORT(dot_f16)
-PD_AVX2_EXPORT(axpy_f32)
-PD_AVX2_EXPORT(axpy_f16)
 PD_AVX2_EXPORT(f32_to_f16)
 PD_AVX2_EXPORT(attn_scores)
 PD_AVX2_EXPORT(exp_sub)

@@ -618,67 +618,12 @@ F_MATMUL(f32, T_F32)
 F_MATMUL(f16, T_F16)
 F_MATMUL(bf16, T_BF16)
 
-/* ---------------------------------------------------------------- attention / KV helpers
- * Tails by masked loads and stores: no scalar loop, no reads or writes past n. */
+/* ---------------------------------------------------------------- KV cache append
+ * (attention itself is kernels_avx2.c's). Tail by a masked load and store: no scalar loop, no
+ * reads or writes past n. */
 
 AI __mmask16 tail_mask(int n) { return (__mmask16)((1u << n) - 1); }
 
-static float dot_f32(const float *a, const float *b, int n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-    }
-    return hsum512(_mm512_add_ps(s0, s1));
-}
-
-AI __m512 ld_h16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-AI __m512 ld_h16_tail(const uint16_t *p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-
-static float dot_f16(const float *a, const uint16_t *b, int n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), ld_h16(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), ld_h16(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), ld_h16(b + i), s0);
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), ld_h16_tail(b + i, m), s1);
-    }
-    return hsum512(_mm512_add_ps(s0, s1));
-}
-
-static void axpy_f32(float *y, float a, const float *x, int n) {
-    const __m512 va = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int n) {
-    const __m512 va = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, ld_h16(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, ld_h16_tail(x + i, m),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
 
 static void f32_to_f16(const float *x, uint16_t *y, int n) {
     int i = 0;
@@ -708,8 +653,6 @@ const pd_kernels pd_kernels_avx512 = {
         [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
         [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },
-    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
-    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
     .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
 };

@@ -46,10 +46,6 @@ void pd_avx2_matmul_f16(int k, const void *w, size_t ws, int nrows, const void *
                         int ncols, float *y, size_t ys);
 void pd_avx2_matmul_bf16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
                          int ncols, float *y, size_t ys);
-float pd_avx2_dot_f32(const float *a, const float *b, int n);
-float pd_avx2_dot_f16(const float *a, const uint16_t *b, int n);
-void pd_avx2_axpy_f32(float *y, float a, const float *x, int n);
-void pd_avx2_axpy_f16(float *y, float a, const uint16_t *x, int n);
 void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
 
 /* ---------------------------------------------------------------- block formats x pd_q8 */
@@ -171,8 +167,6 @@ const pd_kernels pd_kernels_avxvnni = {
         [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
         [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },
-    .dot_f32 = pd_avx2_dot_f32, .dot_f16 = pd_avx2_dot_f16,
-    .axpy_f32 = pd_avx2_axpy_f32, .axpy_f16 = pd_avx2_axpy_f16,
     .f32_to_f16 = pd_avx2_f32_to_f16,
     .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
 };

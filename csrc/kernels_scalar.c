@@ -249,8 +249,6 @@ const pd_kernels pd_kernels_scalar = {
         [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
         [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },
-    .dot_f32 = dot_f32, .dot_f16 = dot_f16,
-    .axpy_f32 = axpy_f32, .axpy_f16 = axpy_f16,
     .f32_to_f16 = f32_to_f16,
     .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
 };

@@ -1,22 +1,23 @@
 /* AVX-512 twin of the exp-sum in sampling.c (compiled with -mavx512f -mavx512dq -mfma): the
- * same exp as exp_avx2.h (2^k * a degree-6 polynomial), 16 lanes at a time. */
+ * same exp as exp_avx2.h (exp_poly.h's constants), 16 lanes at a time. */
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
+#include "exp_poly.h"
 
 static inline __m512 exp512(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
+    const __m512 lo = _mm512_set1_ps(PD_EXP_MIN);
     const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
     x = _mm512_max_ps(x, lo);
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(PD_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(PD_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(PD_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(PD_EXP_P5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P0));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
