@@ -100,6 +100,7 @@ int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, cons
 float pd_max_f32(const float *x, int n);
 double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift);
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals);
+int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out);
 /* Read bandwidth in GB/s (best of reps) streaming a buffer of `bytes` with n_threads (bandwidth.c). */
 double pd_probe_read_bandwidth(size_t bytes, int n_threads, int reps);
 
@@ -108,4 +109,7 @@ int pd_draw_tail(const float *x, int n, float scale, float shift, const int32_t 
 /* Truncated draw over sorted candidates (top-p / min-p, then the draw); see sampling.c. */
 int pd_draw_candidates(const float *vals, int n, float inv_t, double z, double top_p, double min_p,
                        int can_grow, double u01);
+/* The truncated chain (top-k, top-p, min-p, draw) in one call; returns the token id. */
+int pd_sample_truncated(const float *x, int n, int top_k, int first, float inv_t, double top_p,
+                        double min_p, double u01);
 #endif

@@ -9,9 +9,11 @@
 
 #if defined(PD_HAVE_AVX2)
 double pd_sum_exp_avx2(const float *x, int n, float scale, float shift);
+int pd_collect_above_avx2(const float *x, int n, float t, int32_t *out);
 #endif
 #if defined(PD_HAVE_AVX512)
 double pd_sum_exp_avx512(const float *x, int n, float scale, float shift);
+int pd_collect_above_avx512(const float *x, int n, float t, int32_t *out);
 #endif
 
 float pd_max_f32(const float *x, int n) {
@@ -44,6 +46,32 @@ double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shi
 #endif
     (void)isa;
     return sum_exp_scalar(x, n, scale, shift);
+}
+
+static int collect_above_scalar(const float *x, int n, float t, int32_t *out) {
+    int nc = 0;
+    for (int i = 0; i < n; i += 16) {
+        int end = i + 16 < n ? i + 16 : n, any = 0;
+        for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
+        if (!any) continue;
+        for (int q = i; q < end; q++) if (x[q] > t) out[nc++] = q;
+    }
+    return nc;
+}
+
+/* The ids i (ascending) with x[i] > t, into out (room for n + 16); returns how many. top-k's
+ * pass over the whole vocabulary: SIMD where the CPU has it (isa as for pd_sum_exp). */
+int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out) {
+#if defined(PD_HAVE_AVX512)
+    if ((!isa || strcmp(isa, "avx512") == 0) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
+        return pd_collect_above_avx512(x, n, t, out);
+#endif
+#if defined(PD_HAVE_AVX2)
+    if (!(isa && strcmp(isa, "scalar") == 0) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return pd_collect_above_avx2(x, n, t, out);
+#endif
+    (void)isa;
+    return collect_above_scalar(x, n, t, out);
 }
 
 /* min-heap of (value, id) on the k best seen so far; ties keep the lower id (deterministic) */
@@ -100,7 +128,7 @@ static _Thread_local scratch s_cand, s_heap, s_hist, s_radix;
 /* Collects into cand the ids of values > the j-th best of a strided sample (j about 2k /
  * stride: about 2k values should beat it). Returns how many. */
 static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *cand) {
-    int ns = 0, nc = 0;
+    int ns = 0;
     for (int i = 0; i < n; i += stride) cand[ns++] = i;
     int j = 2 * k / stride + 8;
     j = j < ns ? j : ns;
@@ -108,14 +136,7 @@ static int cand_by_sample(const float *x, int n, int k, int stride, int32_t *can
     if (!hid) return 0;
     float *hval = (float *)(hid + j);
     heap_top_k(x, cand, ns, j, hid, hval);
-    const float t = hval[0];
-    for (int i = 0; i < n; i += 16) {
-        int end = i + 16 < n ? i + 16 : n, any = 0;
-        for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
-        if (!any) continue;
-        for (int q = i; q < end; q++) if (x[q] > t) cand[nc++] = q;
-    }
-    return nc;
+    return pd_collect_above(NULL, x, n, hval[0], cand);
 }
 
 /* Collects into cand the ids of values whose key is >= the k-th largest key with its low 8
@@ -176,7 +197,7 @@ static int radix_first_k(const float *x, const int32_t *cand, int nc, int k, int
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
     if (!x || !ids || !vals || n <= 0 || k <= 0) return 0;
     if (k > n) k = n;
-    int32_t *cand = n >= 4096 ? scratch_get(&s_cand, (size_t)n * sizeof *cand) : NULL;
+    int32_t *cand = n >= 4096 ? scratch_get(&s_cand, ((size_t)n + 16) * sizeof *cand) : NULL;
     int nc = 0, stride = n / (8 * k);
     if (cand && k >= n / 2)            /* most of the vocabulary: sort it all */
         for (nc = 0; nc < n; nc++) cand[nc] = nc;
@@ -248,4 +269,30 @@ int pd_draw_candidates(const float *vals, int n, float inv_t, double z, double t
     double cum = 0.0;
     for (int i = 0; i < keep; i++) { cum += w[i]; if (cum > target) return i; }
     return keep - 1;
+}
+
+/* The whole truncated chain of sampling.py after the penalties, in one call: top-k (top_k > 0
+ * bounds it; else a first list of `first` candidates that grows x8 while top-p or min-p needs
+ * more), the vocabulary's exp-sum when the candidates do not cover it, then pd_draw_candidates.
+ * Returns the token id, or -1 when scratch memory runs out. Python would make the same calls,
+ * but after a decode step has streamed the weights through the caches every interpreted line
+ * costs microseconds (measured ~55 us a step on SmolLM2); one call costs one. */
+static _Thread_local scratch s_ids, s_vals;
+int pd_sample_truncated(const float *x, int n, int top_k, int first, float inv_t, double top_p,
+                        double min_p, double u01) {
+    if (!x || n <= 0) return -1;
+    const int bounded = top_k > 0 && top_k < n;
+    int k = bounded ? top_k : (first > 0 && first < n ? first : n);
+    for (;;) {
+        int32_t *ids = scratch_get(&s_ids, (size_t)k * sizeof *ids);
+        float *vals = scratch_get(&s_vals, (size_t)k * sizeof *vals);
+        if (!ids || !vals) return -1;
+        const int got = pd_top_k(x, n, k, ids, vals);
+        if (got <= 0) return -1;
+        const int whole = bounded || got == n;
+        const double z = whole ? 0.0 : pd_sum_exp(NULL, x, n, inv_t, vals[0]);
+        const int i = pd_draw_candidates(vals, got, inv_t, z, top_p, min_p, !whole, u01);
+        if (i >= 0) return ids[i];
+        k = k > n / 8 ? n : k * 8;
+    }
 }

@@ -1,6 +1,7 @@
-/* AVX2 twin of the exp-sum in sampling.c (compiled with -mavx2 -mfma). */
+/* AVX2 twins of sampling.c's exp-sum and top-k candidate collection (compiled with -mavx2 -mfma). */
 #if defined(__AVX2__) && defined(__FMA__)
 #include "exp_avx2.h"
+#include <stdint.h>
 
 double pd_sum_exp_avx2(const float *x, int n, float scale, float shift) {
     __m256 vs = _mm256_set1_ps(scale), vsh = _mm256_set1_ps(shift);
@@ -19,5 +20,24 @@ double pd_sum_exp_avx2(const float *x, int n, float scale, float shift) {
         s += _mm256_cvtss_f32(t);
     }
     return s;
+}
+
+/* The ids i (ascending) with x[i] > t, written to out; returns how many. */
+int pd_collect_above_avx2(const float *x, int n, float t, int32_t *out) {
+    const __m256 vt = _mm256_set1_ps(t);
+    int nc = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const int m0 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vt, _CMP_GT_OQ));
+        const int m1 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), vt, _CMP_GT_OQ));
+        const int m2 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), vt, _CMP_GT_OQ));
+        const int m3 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), vt, _CMP_GT_OQ));
+        unsigned m = (unsigned)m0 | (unsigned)m1 << 8 | (unsigned)m2 << 16 | (unsigned)m3 << 24;
+        while (m) {                           /* the set bits, lowest first */
+            out[nc++] = i + __builtin_ctz(m);
+            m &= m - 1;
+        }
+    }
+    for (; i < n; i++) if (x[i] > t) out[nc++] = i;
+    return nc;
 }
 #endif

@@ -1,7 +1,9 @@
-/* AVX-512 twin of the exp-sum in sampling.c (compiled with -mavx512f -mavx512dq -mfma): the
- * same exp as exp_avx2.h (exp_poly.h's constants), 16 lanes at a time. */
+/* AVX-512 twins of sampling.c's vocabulary-wide passes (compiled with -mavx512f -mavx512dq
+ * -mfma): the exp-sum (the same exp as exp_avx2.h, exp_poly.h's constants, 16 lanes at a time)
+ * and top-k's candidate collection. */
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
+#include <stdint.h>
 #include "exp_poly.h"
 
 static inline __m512 exp512(__m512 x) {
@@ -38,5 +40,30 @@ double pd_sum_exp_avx512(const float *x, int n, float scale, float shift) {
         s += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(m, v));
     }
     return s;
+}
+
+/* The ids i (ascending) with x[i] > t, written to out (room for n + 16: whole vectors are
+ * stored); returns how many. The compress goes to a register, then a plain store: a compress
+ * straight to memory is microcoded and slow on AMD's Zen 4. */
+int pd_collect_above_avx512(const float *x, int n, float t, int32_t *out) {
+    const __m512 vt = _mm512_set1_ps(t);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int nc = 0, i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __mmask16 m0 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GT_OQ);
+        const __mmask16 m1 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 16), vt, _CMP_GT_OQ);
+        const __mmask16 m2 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 32), vt, _CMP_GT_OQ);
+        const __mmask16 m3 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 48), vt, _CMP_GT_OQ);
+        if (!(m0 | m1 | m2 | m3)) continue;      /* the common case */
+        const __mmask16 ms[4] = { m0, m1, m2, m3 };
+        for (int j = 0; j < 4; j++) {
+            if (!ms[j]) continue;
+            const __m512i id = _mm512_add_epi32(iota, _mm512_set1_epi32(i + 16 * j));
+            _mm512_storeu_si512((void *)(out + nc), _mm512_maskz_compress_epi32(ms[j], id));
+            nc += __builtin_popcount(ms[j]);
+        }
+    }
+    for (; i < n; i++) if (x[i] > t) out[nc++] = i;
+    return nc;
 }
 #endif

@@ -112,18 +112,13 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
     bounded = 0 < p.top_k < n
     k = p.top_k if bounded else min(CANDIDATES, n)
     if bounded or p.top_p < 1.0 or p.min_p > 0.0:
-        # The truncated chain: top-p and min-p over the candidates, then the draw, in one C call.
-        u = sampler.rng.random()
-        while True:
-            ids, vals = sampler._top(x, k)
-            whole = bounded or len(ids) == n
-            z = 0.0 if whole else lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data), n, inv_t,
-                                                 float(vals[0]))
-            i = lib.pd_draw_candidates(ffi.cast("float *", vals.ctypes.data), len(ids), inv_t, z,
-                                       p.top_p, p.min_p, int(not whole), u)
-            if i >= 0:
-                return int(ids[i])
-            k *= 8                          # top-p not reached, or all pass min-p: more candidates
+        # The truncated chain (top-k, top-p, min-p, the draw) is one C call: after a decode step
+        # has streamed the weights through the caches, each Python line here costs microseconds.
+        t = lib.pd_sample_truncated(ffi.from_buffer("float[]", x), n, p.top_k if bounded else 0, CANDIDATES,
+                                    inv_t, p.top_p, p.min_p, sampler.rng.random())
+        if t < 0:
+            raise MemoryError("sampling scratch memory could not be allocated")
+        return t
     # Plain temperature sampling over the whole vocabulary: mostly lands in the candidates;
     # the rare draw past them scans the tail in C.
     ids, vals = sampler._top(x, k)

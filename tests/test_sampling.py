@@ -249,3 +249,45 @@ def test_top_k_is_exact_with_ties_to_the_lower_id(logits, k):
                            _core.ffi.cast("int32_t *", ids.ctypes.data), _core.ffi.cast("float *", vals.ctypes.data))
     want = np.argsort(-x.astype(np.float64), kind="stable")[:k]
     assert n == min(k, len(x)) and (ids[:n] == want).all() and (vals[:n] == x[want]).all()
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("n", [1, 15, 16, 31, 63, 64, 65, 50_000])
+def test_collect_above_matches_numpy_on_every_isa(isa, n):
+    """top-k's vocabulary pass (the ids above a threshold, in order) on every ISA, with NaN,
+    -0.0 and values equal to the threshold in the data."""
+    x = (np.random.default_rng(n).standard_normal(n) * 3).astype(np.float32)
+    x[::37] = np.nan
+    x[3::41] = -0.0
+    x[5::43] = 1.0
+    out = np.full(n + 16, -7, np.int32)
+    for t in [-np.inf, -1.0, 0.0, 1.0, 2.5, 100.0]:
+        got = _core.lib.pd_collect_above(isa.encode(), _core.ffi.cast("float *", x.ctypes.data), n, t,
+                                         _core.ffi.cast("int32_t *", out.ctypes.data))
+        want = np.flatnonzero(x > t)
+        assert got == len(want) and (out[:got] == want).all()
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=40), dict(top_p=0.95), dict(top_p=0.5, min_p=0.05), dict(min_p=0.2),
+                                dict(top_k=3000, top_p=0.999), dict(top_p=0.9999), dict(min_p=1e-9)])
+def test_sample_truncated_equals_its_primitives_step_by_step(logits, kw):
+    """The one-call chain (pd_sample_truncated) picks exactly what pd_top_k, pd_sum_exp and
+    pd_draw_candidates pick when called one by one, candidate growth included."""
+    lib, ffi = _core.lib, _core.ffi
+    x = logits * np.float32(1.7)
+    px = ffi.cast("float *", x.ctypes.data)
+    n, inv_t = len(x), 1 / 0.8
+    top_k, top_p, min_p = kw.get("top_k", 0), kw.get("top_p", 1.0), kw.get("min_p", 0.0)
+    for u in np.random.default_rng(1).random(25).tolist() + [0.0, 0.999999]:
+        k = top_k or 256
+        while True:
+            ids, vals = np.empty(k, np.int32), np.empty(k, np.float32)
+            got = lib.pd_top_k(px, n, k, ffi.cast("int32_t *", ids.ctypes.data), ffi.cast("float *", vals.ctypes.data))
+            whole = top_k > 0 or got == n
+            z = 0.0 if whole else lib.pd_sum_exp(ffi.NULL, px, n, inv_t, float(vals[0]))
+            i = lib.pd_draw_candidates(ffi.cast("float *", vals.ctypes.data), got, inv_t, z, top_p, min_p,
+                                       int(not whole), u)
+            if i >= 0:
+                break
+            k = min(k * 8, n)
+        assert lib.pd_sample_truncated(px, n, top_k, 256, inv_t, top_p, min_p, u) == ids[i]
