@@ -50,6 +50,27 @@ int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, 
     return PD_OK;
 }
 
+int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
+                              const float *x, int ncols, float *y) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    const int rt = pd_repacked_type(type);
+    if (!kt || rt < 0 || !w || !x || !y || nrows <= 0 || nrows % PD_REPACK_ROWS || ncols <= 0 || k <= 0 || k % PD_QK)
+        return PD_EINVAL;
+    const pd_matmul_fn fn = strcmp(kt->name, "scalar") == 0 ? pd_scalar_matmul_q4_1_r16 : kt->matmul[rt];
+    if (!fn || w_stride < (size_t)(k / PD_QK) * pd_type_block_bytes(type)) return PD_EINVAL;
+    const size_t row_bytes = (size_t)(k / PD_QK) * pd_type_block_bytes(type), xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
+    char *packed = malloc(row_bytes * nrows), *xq = malloc(xs * ncols);
+    int rc = PD_ENOMEM;
+    if (packed && xq && pd_repack(type, w, w_stride, nrows, k, packed) == 0) {
+        for (int c = 0; c < ncols; c++) kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)(xq + c * xs), k);
+        fn(k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
+        rc = PD_OK;
+    }
+    free(packed);
+    free(xq);
+    return rc;
+}
+
 int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n) {
     const pd_kernels *kt = pd_kernels_select(isa);
     if (!kt || !x || !y || n < 0) return PD_EINVAL;

@@ -122,6 +122,35 @@ Q8ACT_MATMUL(matmul_q4_1, blk_q4_1, pd_block_q4_1)
 Q8ACT_MATMUL(matmul_q5_0, blk_q5_0, pd_block_q5_0)
 Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
 
+/* Q4_1 repacked by 16 rows (kernels.h): the AVX-512 kernel's arithmetic, lane by lane, so the
+ * two agree bit for bit: per block, the integer dot, then acc = fma(float(isum), dw*dx, acc)
+ * and acc = fma(m, s, acc), in block order (fmaf rounds once, as the instruction does). */
+void pd_scalar_matmul_q4_1_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                               int ncols, float *y, size_t ys) {
+    const int nb = k / PD_QK;
+    for (int r = 0; r < nrows; r += PD_REPACK_ROWS) {
+        const pd_block_q4_1_r16 *g = (const pd_block_q4_1_r16 *)((const char *)w + (size_t)r * ws);
+        for (int c = 0; c < ncols; c++) {
+            const pd_q8 *xc = (const pd_q8 *)((const char *)x + (size_t)c * xs);
+            for (int j = 0; j < PD_REPACK_ROWS; j++) {
+                float acc = 0.0f;
+                for (int b = 0; b < nb; b++) {
+                    const pd_block_q4_1_r16 *blk = g + b;
+                    int isum = 0;
+                    for (int q = 0; q < 4; q++)
+                        for (int t = 0; t < 4; t++) {
+                            const uint8_t v = blk->qs[64 * q + 4 * j + t];
+                            isum += (v & 0xF) * xc[b].qs[4 * q + t] + (v >> 4) * xc[b].qs[16 + 4 * q + t];
+                        }
+                    acc = fmaf((float)isum, pd_f16_to_f32(blk->d[j]) * xc[b].d, acc);
+                    acc = fmaf(pd_f16_to_f32(blk->m[j]), xc[b].s, acc);
+                }
+                y[(size_t)c * ys + r + j] = acc;
+            }
+        }
+    }
+}
+
 /* K-quants x pd_q8k: each weight super-block is unpacked once to the common form of kernels.h
  * (pd_kblock: int8 q, per-16 sc and m) and then serves every column. Per super-block:
  *   isum = sum_s sc[s] * (q . a over sub-block s), msum = sum_s m[s] * bsums[s]   (exact int;

@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ROW_ALIGN 4   /* rows per thread share: a multiple of the kernels' rows-per-pass */
+#define ROW_ALIGN 16  /* rows per thread share: a multiple of the kernels' rows-per-pass and of
+                         * PD_REPACK_ROWS (a repacked tensor is split only between row groups) */
 
 struct pd_model {
     pd_config c;
@@ -53,6 +54,10 @@ struct pd_model {
     void *step;         /* the current step_ctx: lives here, not on a stack, so a lagging worker
                            never reads freed memory */
     _Atomic uint32_t step_seq;  /* seqlock over *step: odd while the main thread rewrites it */
+    /* Weights repacked at load (repack_weights): their buffers and tensor slots. */
+    void **repacked;
+    int *repacked_slot, n_repacked;
+    size_t repacked_bytes;
     char err[256];
 };
 
@@ -513,7 +518,7 @@ static int check_matrix(const pd_kernels *K, const pd_tensor *t, const char *sho
     if (t->ne0 != ne0 || t->ne1 != ne1)
         return set_err(err, len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name,
                        (long long)t->ne0, (long long)t->ne1, (long long)ne0, (long long)ne1);
-    if (t->type < 0 || t->type >= PD_NTYPES || !K->matmul[t->type])
+    if (t->type < 0 || t->type >= PD_FIRST_REPACKED || !K->matmul[t->type])
         return set_err(err, len, "tensor %s has unsupported type %s (type id %d)", name,
                        pd_type_name(t->type), t->type);
     int bs = pd_type_block_size(t->type);
@@ -590,7 +595,45 @@ void pd_model_free(pd_model *m) {
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
     free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
+    for (int i = 0; i < m->n_repacked; i++) free(m->repacked[i]);
+    free(m->repacked); free(m->repacked_slot);
     free(m);
+}
+
+/* Repacks, at load, the matmul weights whose format has a faster interleaved layout on this
+ * ISA (kernels.h: PD_Q4_1_R16): a copy the kernels read instead of the mapped file. Only
+ * tensors split between threads at multiples of PD_REPACK_ROWS qualify: whole row groups, and
+ * for Q, K and V (one phase over their concatenated rows) sizes that keep the groups aligned.
+ * The embedding table (read a row at a time) keeps the file's layout, a tied head with it. */
+static int repack_weights(pd_model *m) {
+    const pd_config *c = &m->c;
+    const int n_slots = PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS;
+    const int qkv_ok = (c->n_head * c->head_dim) % PD_REPACK_ROWS == 0 &&
+                       (c->n_head_kv * c->head_dim) % PD_REPACK_ROWS == 0;
+    m->repacked = calloc((size_t)n_slots, sizeof(void *));
+    m->repacked_slot = calloc((size_t)n_slots, sizeof(int));
+    if (!m->repacked || !m->repacked_slot) return PD_ENOMEM;
+    if (c->no_repack) return PD_OK;
+    for (int i = 0; i < n_slots; i++) {
+        const int slot = i < PD_GLOBAL_SLOTS ? i : (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
+        const int eligible = i < PD_GLOBAL_SLOTS ? slot == PD_OUTPUT
+            : slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
+              (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
+        pd_tensor *t = i < PD_GLOBAL_SLOTS ? &m->g[i] : &m->lt[i - PD_GLOBAL_SLOTS];
+        if (!eligible || !t->data || t->ne1 % PD_REPACK_ROWS || t->ne1 > INT32_MAX) continue;
+        const int rt = pd_repacked_type(t->type);
+        if (rt < 0 || !m->k->matmul[rt]) continue;
+        const size_t bytes = (size_t)t->ne1 * t->row_bytes;
+        void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!buf) return PD_ENOMEM;
+        if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); continue; }
+        m->repacked[m->n_repacked] = buf;
+        m->repacked_slot[m->n_repacked++] = i;
+        m->repacked_bytes += bytes;
+        t->type = rt;
+        t->data = buf;
+    }
+    return PD_OK;
 }
 
 pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
@@ -662,6 +705,12 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
              m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool &&
              m->pos && m->seq && m->out_idx && m->seq_next;
     }
+    if (ok && repack_weights(m)) {
+        set_err(err, err_len, "out of memory repacking the weights (%zu bytes so far; no_repack avoids it)",
+                m->repacked_bytes);
+        pd_model_free(m);
+        return NULL;
+    }
     if (!ok) {
         set_err(err, err_len, "out of memory allocating the KV cache (%zu bytes) and scratch", m->kv_bytes);
         pd_model_free(m);
@@ -679,3 +728,8 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
 }
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
+int pd_model_n_repacked(const pd_model *m) { return m ? m->n_repacked : 0; }
+size_t pd_model_repacked_bytes(const pd_model *m) { return m ? m->repacked_bytes : 0; }
+int pd_model_repacked_slot(const pd_model *m, int i) {
+    return m && i >= 0 && i < m->n_repacked ? m->repacked_slot[i] : -1;
+}

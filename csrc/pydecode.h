@@ -48,6 +48,8 @@ typedef struct {
     int kv_f16;              /* 1: F16 cache (default), 0: F32 */
     int n_threads;
     int n_seq;               /* sequence slots in the KV cache (0 -> 1): sequences decoded together */
+    int no_repack;           /* 1: every weight stays in the file's layout (zero-copy); 0: formats
+                                with a faster interleaved layout on this ISA are repacked at load */
 } pd_config;
 
 typedef struct pd_model pd_model;
@@ -66,7 +68,12 @@ size_t pd_model_kv_bytes(const pd_model *m);
  * (n_ctx, or window + n_batch for sliding-window layers; -1 for a bad layer) and bytes per value. */
 int pd_model_kv_cap(const pd_model *m, int layer);
 int pd_model_kv_elem_bytes(const pd_model *m);
-int pd_model_n_seq(const pd_model *m);   /* the KV cache holds n_seq x that (one slot per sequence) */
+int pd_model_n_seq(const pd_model *m);
+/* Weights repacked at load into a faster layout (pd_model_new): how many tensors, their bytes
+ * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
+int pd_model_n_repacked(const pd_model *m);
+size_t pd_model_repacked_bytes(const pd_model *m);
+int pd_model_repacked_slot(const pd_model *m, int i);   /* the KV cache holds n_seq x that (one slot per sequence) */
 
 /* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
  * (mat x mat, causal attention), appends their K/V, writes the last position's logits into
@@ -87,6 +94,10 @@ int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const 
 const char *pd_isa_best(void);
 int pd_isa_supported(const char *isa);
 int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k);
+/* pd_kernel_matmul on the weights repacked (pd_repack) into type's interleaved layout, by the
+ * kernel of isa ("scalar": the plain-C twin); PD_EINVAL where isa has no such kernel. */
+int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
+                              const float *x, int ncols, float *y);
 int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                      const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */
 int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);

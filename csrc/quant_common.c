@@ -15,6 +15,7 @@ static type_traits traits(int type) {
     case PD_BF16: return (type_traits){1, 2, PD_ACT_F32};
     case PD_Q4_0: return (type_traits){32, sizeof(pd_block_q4_0), PD_ACT_Q8};
     case PD_Q4_1: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};
+    case PD_Q4_1_R16: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};  /* per row, on average */
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
@@ -42,6 +43,7 @@ size_t pd_type_block_bytes(int type) { return traits(type).bytes; }
 int pd_type_act_format(int type) { return traits(type).act; }
 const char *pd_type_name(int type) {
     const int n = (int)(sizeof type_names / sizeof type_names[0]);
+    if (type == PD_Q4_1_R16) return "Q4_1 (repacked by 16 rows)";
     return type >= 0 && type < n ? type_names[type] : "unknown";
 }
 
@@ -220,4 +222,24 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
         return 0;
     }
     return -1;
+}
+
+/* ---------------- repacked layouts (kernels.h: pd_block_q4_1_r16) ---------------- */
+
+int pd_repacked_type(int type) { return type == PD_Q4_1 ? PD_Q4_1_R16 : -1; }
+
+int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst) {
+    if (type != PD_Q4_1 || !src || !dst || nrows <= 0 || nrows % PD_REPACK_ROWS || k <= 0 || k % PD_QK)
+        return -1;
+    const int nb = k / PD_QK;
+    pd_block_q4_1_r16 *out = dst;
+    for (int r = 0; r < nrows; r += PD_REPACK_ROWS)
+        for (int b = 0; b < nb; b++, out++)
+            for (int j = 0; j < PD_REPACK_ROWS; j++) {
+                const pd_block_q4_1 *in = (const pd_block_q4_1 *)((const char *)src + (size_t)(r + j) * src_stride) + b;
+                out->d[j] = in->d;
+                out->m[j] = in->m;
+                for (int g = 0; g < 4; g++) memcpy(out->qs + 64 * g + 4 * j, in->qs + 4 * g, 4);
+            }
+    return 0;
 }

@@ -17,6 +17,7 @@ AI float hsum(__m256 v) {
 }
 
 AI uint16_t ld16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+AI int32_t ld32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
 /* Software prefetch for a 4-row tile walking its rows in lock-step: the byte PF_DIST ahead in
  * the same row, or, past the row's end, in the rows 4 (8, ...) below, which the next tiles read

@@ -153,9 +153,11 @@ class LLM:
 
 
 def load(model: str | os.PathLike = "smollm2-135m", *, n_ctx: int | None = None, n_threads: int | None = None,
-         kv_type: str = "f16", isa: str | None = None, n_seq: int = 1) -> LLM:
+         kv_type: str = "f16", isa: str | None = None, n_seq: int = 1, repack: bool | None = None) -> LLM:
     """Loads a model by registry name (fetched on first use) or by path to a .gguf file.
     n_threads defaults to the number of physical cores; n_ctx (per sequence) to min(4096, the
-    model's trained context); n_seq: sequences decoded together (a KV cache slot each)."""
+    model's trained context); n_seq: sequences decoded together (a KV cache slot each); repack:
+    see Model (default on: faster kernels for some formats, at the cost of a copy of those weights)."""
     path = resolve(model)
-    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa, n_seq=n_seq))
+    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa, n_seq=n_seq,
+                     repack=repack))

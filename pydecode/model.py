@@ -5,6 +5,7 @@ layer with the GIL released (cffi releases it around every call) and never calls
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -16,6 +17,8 @@ from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_con
 from .errors import ContextFullError, ModelError
 from .gguf_file import GGUFFile
 from .tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger("pydecode")
 
 ffi, lib = _core.ffi, _core.lib
 
@@ -80,12 +83,15 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = DEFAULT_N_BATCH, kv_type: str = "f16", isa: str | None = None,
-                 n_seq: int = 1):
+                 n_seq: int = 1, repack: bool | None = None):
         """Maps `path` and builds the C model. n_ctx: KV cache positions per sequence (default
         min(4096, trained context)); n_threads: default physical cores; n_batch: tokens per step
         (prefill chunk size, and the most tokens one batch_step takes); kv_type: "f16" or "f32"
         cache; isa: force "scalar"/"avx2"/... kernels (default: best, or $PYDECODE_ISA);
-        n_seq: sequence slots in the KV cache (sequences that batch_step decodes together)."""
+        n_seq: sequence slots in the KV cache (sequences that batch_step decodes together);
+        repack: let the C core copy the weights whose format has a faster interleaved layout on
+        this CPU into it at load (default True, or $PYDECODE_REPACK=0 for False): `repacked`
+        lists them, `repacked_bytes` is the memory they take beyond the mapped file."""
         self._ptr = None
         # Parameters first: they are cheap to check and a typo should not wait for a big load.
         if n_ctx is not None and (not _is_int(n_ctx) or not 1 <= n_ctx <= INT_MAX):
@@ -98,7 +104,11 @@ class Model:
             raise ValueError(f"n_batch must be an integer in 1..{MAX_N_BATCH}, got {n_batch!r}")
         if not _is_int(n_seq) or not 1 <= n_seq <= MAX_N_SEQ:
             raise ValueError(f"n_seq must be an integer in 1..{MAX_N_SEQ}, got {n_seq!r}")
-        self.n_seq = n_seq
+        if repack is None:
+            repack = os.environ.get("PYDECODE_REPACK", "1") != "0"
+        if not isinstance(repack, bool):
+            raise ValueError(f"repack must be True or False, got {repack!r}")
+        self.n_seq, self.repack = n_seq, repack
         self.path = Path(path)
         self.gguf = GGUFFile(path)
         self.config: ArchConfig = arch_config(self.gguf)
@@ -163,6 +173,7 @@ class Model:
         cfg.rope_freq_scale = c.rope_freq_scale
         cfg.kv_f16 = int(self.kv_type == "f16")
         cfg.n_seq = self.n_seq
+        cfg.no_repack = int(not self.repack)
         self.n_batch = n_batch
         names = list(GLOBAL_TENSORS) + [f"blk.{l}.{t}" for l in range(c.n_layer) for t in LAYER_TENSORS]
         tensors = ffi.new("pd_tensor[]", len(names))
@@ -191,6 +202,15 @@ class Model:
                 raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar, avx2, avxvnni, avx512)")
             raise ModelError(f"{self.path}: {msg}")
         self._ptr = ptr
+        # What the C core repacked at load (one log line per tensor at DEBUG, a summary at INFO).
+        self.repacked: list[tuple[str, str, int]] = []
+        for i in range(lib.pd_model_n_repacked(ptr)):
+            t = self.gguf.tensors[names[lib.pd_model_repacked_slot(ptr, i)]]
+            self.repacked.append((t.name, t.type_name, t.n_bytes))
+            log.debug("repacked %s (%s, %d bytes) into its interleaved layout", t.name, t.type_name, t.n_bytes)
+        if self.repacked:
+            log.info("repacked %d tensors (%.1f MB) at load for the %s kernels", len(self.repacked),
+                     self.repacked_bytes / 1e6, self.isa)
 
     # ---- the two calls into C ----
 
@@ -304,6 +324,11 @@ class Model:
     def kv_bytes(self) -> int:
         """Bytes allocated for the KV cache (all layers, n_ctx positions, n_seq slots)."""
         return int(lib.pd_model_kv_bytes(self._ptr))
+
+    @property
+    def repacked_bytes(self) -> int:
+        """Memory held by weights repacked at load (a copy of those tensors, beyond the mapped file)."""
+        return int(lib.pd_model_repacked_bytes(self._ptr)) if self._ptr is not None else 0
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per decoded token (every tensor once; the tied head is the embedding)."""
