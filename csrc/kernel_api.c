@@ -56,14 +56,16 @@ int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w
     const int rt = pd_repacked_type(type);
     if (!kt || rt < 0 || !w || !x || !y || nrows <= 0 || nrows % PD_REPACK_ROWS || ncols <= 0 || k <= 0 || k % PD_QK)
         return PD_EINVAL;
-    const pd_matmul_fn fn = strcmp(kt->name, "scalar") == 0 ? pd_scalar_matmul_q4_1_r16 : kt->matmul[rt];
-    if (!fn || w_stride < (size_t)(k / PD_QK) * pd_type_block_bytes(type)) return PD_EINVAL;
+    const int twin = strcmp(kt->name, "scalar") == 0;
+    const pd_matmul_fn fn = kt->matmul[rt];
+    if ((!twin && !fn) || w_stride < (size_t)(k / PD_QK) * pd_type_block_bytes(type)) return PD_EINVAL;
     const size_t row_bytes = (size_t)(k / PD_QK) * pd_type_block_bytes(type), xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
     char *packed = malloc(row_bytes * nrows), *xq = malloc(xs * ncols);
     int rc = PD_ENOMEM;
     if (packed && xq && pd_repack(type, w, w_stride, nrows, k, packed) == 0) {
         for (int c = 0; c < ncols; c++) kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)(xq + c * xs), k);
-        fn(k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
+        if (twin) pd_scalar_matmul_r16(rt, k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
+        else fn(k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
         rc = PD_OK;
     }
     free(packed);

@@ -18,7 +18,8 @@ enum {
     PD_Q8_0 = 8, PD_Q8_1 = 9, PD_Q2_K = 10, PD_Q3_K = 11, PD_Q4_K = 12, PD_Q5_K = 13,
     PD_Q6_K = 14, PD_Q8_K = 15, PD_BF16 = 30,
     /* Our own layouts, built at load (pd_repack), never read from a file: ids past GGML's. */
-    PD_FIRST_REPACKED = 48, PD_Q4_1_R16 = 48, PD_NTYPES = 50
+    PD_FIRST_REPACKED = 48, PD_Q4_0_R16 = 48, PD_Q4_1_R16 = 49, PD_Q5_0_R16 = 50, PD_Q5_1_R16 = 51,
+    PD_Q8_0_R16 = 52, PD_NTYPES = 53
 };
 
 /* Activation formats a weight type pairs with. */
@@ -49,25 +50,50 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; 
 /* nibble layout of q4_0/q4_1: value j (j<16) is qs[j] & 0xF, value j+16 is qs[j] >> 4;
  * q5_0/q5_1 add a fifth bit: bit j of the little-endian 32-bit word qh is bit 4 of value j. */
 
-/* Q4_1 repacked by 16 rows (PD_Q4_1_R16): block b of rows 16i..16i+15 in one 320-byte record,
- * the same bytes as their 16 Q4_1 blocks, interleaved so one 512-bit register holds 4 quant
- * bytes of each of the 16 rows: qs[64g + 4j + t] = qs[4g + t] of row j's block (g < 4, t < 4).
- * Its low nibbles are values 4g..4g+3 of row j, its high nibbles values 16+4g..16+4g+3. So a
- * vpdpbusd against 4 activation bytes broadcast to every lane advances 16 rows' dot products
- * at once, and the block's scales (d[j], m[j]) are applied to a whole register of 16 rows,
- * not lane by lane: per 32 values and column, 8 integer dot instructions and 3 float ones for
- * 16 rows, against 4 per row in the file's layout. Rows stay 20 bytes each on average, so a
- * group of 16 rows starts at 16 * i * row_bytes, as in the file. */
-typedef struct { uint16_t d[16], m[16]; uint8_t qs[256]; } pd_block_q4_1_r16;
-#define PD_REPACK_ROWS 16
+/* The legacy formats repacked by 16 rows (PD_*_R16, built at load by pd_repack): block b of
+ * rows 16i..16i+15 in one record of exactly the bytes of their 16 file blocks, interleaved so
+ * that one 512-bit register holds 4 quant bytes of each of the 16 rows. Record layout:
+ *     uint16 d[16]            the rows' f16 scales
+ *     uint16 m[16]            f16 minima (Q4_1, Q5_1 only)
+ *     uint64 hmask[8]         fifth bits (Q5_0, Q5_1 only): bit 4j+t of hmask[h] is bit 4h+t of row j's qh
+ *     uint8  qs[256 or 512]   nibble formats: qs[64g + 4j + t] = row j's qs[4g + t] (g < 4), whose
+ *                             low nibble is value 4g+t and high nibble value 16+4g+t;
+ *                             Q8_0: qs[64h + 4j + t] = row j's qs[4h + t] ^ 0x80 (h < 8: w + 128)
+ * Unpacked, register h (h < 8) holds the unsigned quants u of values 4h..4h+3 of every row
+ * (nibble formats: h < 4 the low nibbles of qs register h, h >= 4 the high ones of h - 4; plus
+ * 16 where the fifth bit is set), which pair with activation bytes 4h..4h+3 broadcast to all
+ * lanes: 8 vpdpbusd give a block's integer dot sum(u * a) for 16 rows and one column. Then
+ * per block, for all 16 rows at once:
+ *     acc = fma(float(sum(u * a)), d * dx, acc);  acc = fma(mw, s, acc)
+ * with mw = m (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16, Q8_0: 128) and s = dx * sum(a):
+ * the offset leaves as a float term, not an integer one, within the kernels' float tolerance.
+ * Against the file's layout, which needs per row a convert, a scale permute and an fma per
+ * 64 values, this is 8 integer and 3 float instructions per 32 values for 16 rows. */
+enum { PD_R16_ROWS = 16 };
+#define PD_REPACK_ROWS PD_R16_ROWS
+static inline int pd_r16_file_type(int rt) {
+    return rt == PD_Q4_0_R16 ? PD_Q4_0 : rt == PD_Q4_1_R16 ? PD_Q4_1 : rt == PD_Q5_0_R16 ? PD_Q5_0
+         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : -1;
+}
+static inline int pd_r16_has_min(int rt) { return rt == PD_Q4_1_R16 || rt == PD_Q5_1_R16; }
+static inline int pd_r16_has_hmask(int rt) { return rt == PD_Q5_0_R16 || rt == PD_Q5_1_R16; }
+static inline int pd_r16_offset(int rt) {
+    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 ? 128 : 0;
+}
+static inline size_t pd_r16_m_off(int rt) { (void)rt; return 32; }
+static inline size_t pd_r16_hmask_off(int rt) { return pd_r16_has_min(rt) ? 64 : 32; }
+static inline size_t pd_r16_qs_off(int rt) {
+    return 32 + (pd_r16_has_min(rt) ? 32 : 0) + (pd_r16_has_hmask(rt) ? 64 : 0);
+}
+static inline size_t pd_r16_bytes(int rt) { return pd_r16_qs_off(rt) + (rt == PD_Q8_0_R16 ? 512 : 256); }
 /* The repacked type of a file type (-1: none), and the repacking of nrows (a multiple of
- * PD_REPACK_ROWS) rows of k values from the file's layout (row stride src_stride) to dst. */
+ * PD_R16_ROWS) rows of k values from the file's layout (row stride src_stride) to dst. */
 int pd_repacked_type(int type);
 int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst);
-/* The plain-C twin of the AVX-512 kernel of PD_Q4_1_R16 (tests compare them bit for bit; no
- * scalar table uses it, as the file's layout is as fast there). */
-void pd_scalar_matmul_q4_1_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                               int ncols, float *y, size_t ys);
+/* The plain-C twin of the AVX-512 kernels of the repacked types (tests compare them bit for
+ * bit; no scalar table uses it, as the file's layout is as fast there). rt: a PD_*_R16. */
+void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                          int ncols, float *y, size_t ys);
 
 /* K-quants: super-blocks of 256 values split into 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 8
  * of 32 (Q4_K, Q5_K); each sub-block has a small integer scale (and for Q2_K/Q4_K/Q5_K a
@@ -161,7 +187,6 @@ _Static_assert(sizeof(pd_q8k) == 292 && sizeof(pd_block_q2_k) == 84 &&
                sizeof(pd_block_q3_k) == 110 && sizeof(pd_block_q4_k) == 144 &&
                sizeof(pd_block_q5_k) == 176 && sizeof(pd_block_q6_k) == 210,
                "K-quant structs must match GGML's byte layout");
-_Static_assert(sizeof(pd_block_q4_1_r16) == 16 * sizeof(pd_block_q4_1), "a repacked block is 16 Q4_1 blocks");
 
 /* Y[c*y_stride + r] = dot(row r of W, column c of X) for r < nrows, c < ncols.
  * Row r of W starts at (const char*)w + r*w_stride and holds k values of the weight type.

@@ -258,32 +258,47 @@ Q_MATMUL(matmul_q4_1, T_Q4_1)
 Q_MATMUL(matmul_q5_0, T_Q5_0)
 Q_MATMUL(matmul_q5_1, T_Q5_1)
 
-/* Q4_1 repacked by 16 rows (pd_block_q4_1_r16, built at load: see kernels.h). A register
+/* The legacy formats repacked by 16 rows (PD_*_R16, built at load: see kernels.h). A register
  * holds 4 quant bytes of each of 16 rows; the 4 activation bytes they pair with are broadcast,
  * so 8 vpdpbusd give the block's integer dot for 16 rows and one column, and its scales apply
- * to all 16 lanes: dw*dx with one vmulps, the minimum term m*s with one fmadd. The unpacked
- * weights (8 registers a block) serve up to 8 columns. A lane's arithmetic does not depend on
- * the columns beside it or on the tile, and pd_scalar_matmul_q4_1_r16 is its plain-C twin. */
-AI void tile_q4_1_r16(int C, int nb, const pd_block_q4_1_r16 *w, const char *x, size_t xs, float *y, size_t ys) {
+ * to all 16 lanes at once: d*dx with one vmulps, the minimum or offset term with one fmadd.
+ * The unpacked weights (8 registers a block) serve up to 8 columns. A lane's arithmetic does
+ * not depend on the columns beside it or on the tile; pd_scalar_matmul_r16 is its plain-C twin. */
+AI void tile_r16(int RT, int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
+    const size_t rb = pd_r16_bytes(RT);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
     __m512 acc[8];
-    const __m512i lo4 = _mm512_set1_epi8(0x0f);
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const pd_block_q4_1_r16 *blk = w + b;
-        _mm_prefetch((const char *)(blk + 8), _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + 8) + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + 8) + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + 8) + 192, _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + 8) + 256, _MM_HINT_T0);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->d));
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->m));
+        const char *blk = w + (size_t)b * rb;
+#pragma GCC unroll 9
+        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 mw = pd_r16_has_min(RT)
+            ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + pd_r16_m_off(RT))))
+            : _mm512_mul_ps(dw, _mm512_set1_ps((float)-pd_r16_offset(RT)));
+        const char *qs = blk + pd_r16_qs_off(RT);
         __m512i u[8];
+        if (RT == PD_Q8_0_R16) {
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) u[h] = _mm512_loadu_si512((const void *)(qs + 64 * h));
+        } else {
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(blk->qs + 64 * g));
-            u[g] = _mm512_and_si512(v, lo4);
-            u[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            for (int g = 0; g < 4; g++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
+                u[g] = _mm512_and_si512(v, lo4);
+                u[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            }
+            if (pd_r16_has_hmask(RT)) {
+                const char *hm = blk + pd_r16_hmask_off(RT);
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) {
+                    uint64_t bits;
+                    memcpy(&bits, hm + 8 * h, 8);
+                    u[h] = _mm512_mask_add_epi8(u[h], (__mmask64)bits, u[h], five);
+                }
+            }
         }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
@@ -304,27 +319,38 @@ AI void tile_q4_1_r16(int C, int nb, const pd_block_q4_1_r16 *w, const char *x, 
     for (int c = 0; c < C; c++) _mm512_storeu_ps(y + c * ys, acc[c]);
 }
 
-static void matmul_q4_1_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                            int ncols, float *y, size_t ys) {
+AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
+                   float *y, size_t ys) {
     const int nb = k / PD_QK;
-    for (int r = 0; r < nrows; r += PD_REPACK_ROWS) {
-        const pd_block_q4_1_r16 *g = (const pd_block_q4_1_r16 *)((const char *)w + (size_t)r * ws);
+    for (int r = 0; r < nrows; r += PD_R16_ROWS) {
+        const char *g = (const char *)w + (size_t)r * ws;
         for (int c = 0; c < ncols; c += 8) {
             const char *xc = (const char *)x + (size_t)c * xs;
             float *yc = y + (size_t)c * ys + r;
             switch (ncols - c >= 8 ? 8 : ncols - c) {
-            case 1: tile_q4_1_r16(1, nb, g, xc, xs, yc, ys); break;
-            case 2: tile_q4_1_r16(2, nb, g, xc, xs, yc, ys); break;
-            case 3: tile_q4_1_r16(3, nb, g, xc, xs, yc, ys); break;
-            case 4: tile_q4_1_r16(4, nb, g, xc, xs, yc, ys); break;
-            case 5: tile_q4_1_r16(5, nb, g, xc, xs, yc, ys); break;
-            case 6: tile_q4_1_r16(6, nb, g, xc, xs, yc, ys); break;
-            case 7: tile_q4_1_r16(7, nb, g, xc, xs, yc, ys); break;
-            default: tile_q4_1_r16(8, nb, g, xc, xs, yc, ys); break;
+            case 1: tile_r16(RT, 1, nb, g, xc, xs, yc, ys); break;
+            case 2: tile_r16(RT, 2, nb, g, xc, xs, yc, ys); break;
+            case 3: tile_r16(RT, 3, nb, g, xc, xs, yc, ys); break;
+            case 4: tile_r16(RT, 4, nb, g, xc, xs, yc, ys); break;
+            case 5: tile_r16(RT, 5, nb, g, xc, xs, yc, ys); break;
+            case 6: tile_r16(RT, 6, nb, g, xc, xs, yc, ys); break;
+            case 7: tile_r16(RT, 7, nb, g, xc, xs, yc, ys); break;
+            default: tile_r16(RT, 8, nb, g, xc, xs, yc, ys); break;
             }
         }
     }
 }
+
+#define R16_MATMUL(name, RT)                                                                     \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,     \
+                     int ncols, float *y, size_t ys) {                                          \
+        matmul_r16(RT, k, w, ws, nrows, x, xs, ncols, y, ys);                                   \
+    }
+R16_MATMUL(matmul_q4_0_r16, PD_Q4_0_R16)
+R16_MATMUL(matmul_q4_1_r16, PD_Q4_1_R16)
+R16_MATMUL(matmul_q5_0_r16, PD_Q5_0_R16)
+R16_MATMUL(matmul_q5_1_r16, PD_Q5_1_R16)
+R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
 
 /* Q8_0 prefill: a register holds block b of two ROWS (row 2p in the low half, 2p + 1 in the
  * high half) against the column's block b in both halves. Each half then accumulates its row
@@ -717,7 +743,9 @@ const pd_kernels pd_kernels_avx512 = {
     .matmul = {
         [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
         [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
-        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0, [PD_Q4_1_R16] = matmul_q4_1_r16,
+        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
+        [PD_Q4_0_R16] = matmul_q4_0_r16, [PD_Q4_1_R16] = matmul_q4_1_r16, [PD_Q5_0_R16] = matmul_q5_0_r16,
+        [PD_Q5_1_R16] = matmul_q5_1_r16, [PD_Q8_0_R16] = matmul_q8_0_r16,
         [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
         [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
     },

@@ -3,6 +3,7 @@
  * exact integer dot product, then one float multiply-add into a float row sum. */
 #include "kernels.h"
 #include <math.h>
+#include <string.h>
 
 /* x[i] ~= d*q[i] with d = amax/127 and q = round-half-away(x*(1/d)): the rule of gguf's numpy
  * Q8_0 quantizer (and ggml's reference), so tests can reproduce it bit for bit. d stays f32. */
@@ -122,28 +123,40 @@ Q8ACT_MATMUL(matmul_q4_1, blk_q4_1, pd_block_q4_1)
 Q8ACT_MATMUL(matmul_q5_0, blk_q5_0, pd_block_q5_0)
 Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
 
-/* Q4_1 repacked by 16 rows (kernels.h): the AVX-512 kernel's arithmetic, lane by lane, so the
- * two agree bit for bit: per block, the integer dot, then acc = fma(float(isum), dw*dx, acc)
- * and acc = fma(m, s, acc), in block order (fmaf rounds once, as the instruction does). */
-void pd_scalar_matmul_q4_1_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                               int ncols, float *y, size_t ys) {
-    const int nb = k / PD_QK;
-    for (int r = 0; r < nrows; r += PD_REPACK_ROWS) {
-        const pd_block_q4_1_r16 *g = (const pd_block_q4_1_r16 *)((const char *)w + (size_t)r * ws);
+/* The legacy formats repacked by 16 rows (kernels.h: PD_*_R16): the AVX-512 kernel's arithmetic,
+ * lane by lane, so the two agree bit for bit: per block, the integer dot sum(u * a), then
+ * acc = fma(float(dot), d*dx, acc) and acc = fma(mw, s, acc) (fmaf rounds once, as the
+ * instruction does), mw = m or d * -offset. */
+void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                          int ncols, float *y, size_t ys) {
+    const int nb = k / PD_QK, q8 = rt == PD_Q8_0_R16;
+    const size_t rb = pd_r16_bytes(rt);
+    for (int r = 0; r < nrows; r += PD_R16_ROWS) {
+        const char *g = (const char *)w + (size_t)r * ws;
         for (int c = 0; c < ncols; c++) {
             const pd_q8 *xc = (const pd_q8 *)((const char *)x + (size_t)c * xs);
-            for (int j = 0; j < PD_REPACK_ROWS; j++) {
+            for (int j = 0; j < PD_R16_ROWS; j++) {
                 float acc = 0.0f;
                 for (int b = 0; b < nb; b++) {
-                    const pd_block_q4_1_r16 *blk = g + b;
-                    int isum = 0;
-                    for (int q = 0; q < 4; q++)
+                    const char *blk = g + (size_t)b * rb;
+                    const uint8_t *qs = (const uint8_t *)blk + pd_r16_qs_off(rt);
+                    uint16_t d, m = 0;
+                    uint64_t hm[8] = { 0 };
+                    memcpy(&d, blk + 2 * j, 2);
+                    if (pd_r16_has_min(rt)) memcpy(&m, blk + pd_r16_m_off(rt) + 2 * j, 2);
+                    if (pd_r16_has_hmask(rt)) memcpy(hm, blk + pd_r16_hmask_off(rt), sizeof hm);
+                    int dot = 0;
+                    for (int h = 0; h < 8; h++)
                         for (int t = 0; t < 4; t++) {
-                            const uint8_t v = blk->qs[64 * q + 4 * j + t];
-                            isum += (v & 0xF) * xc[b].qs[4 * q + t] + (v >> 4) * xc[b].qs[16 + 4 * q + t];
+                            int u = q8 ? qs[64 * h + 4 * j + t]
+                                       : (h < 4 ? qs[64 * h + 4 * j + t] & 0xF : qs[64 * (h - 4) + 4 * j + t] >> 4);
+                            u += (int)((hm[h] >> (4 * j + t)) & 1) * 16;
+                            dot += u * xc[b].qs[4 * h + t];
                         }
-                    acc = fmaf((float)isum, pd_f16_to_f32(blk->d[j]) * xc[b].d, acc);
-                    acc = fmaf(pd_f16_to_f32(blk->m[j]), xc[b].s, acc);
+                    const float dw = pd_f16_to_f32(d);
+                    const float mw = pd_r16_has_min(rt) ? pd_f16_to_f32(m) : dw * (float)-pd_r16_offset(rt);
+                    acc = fmaf((float)dot, dw * xc[b].d, acc);
+                    acc = fmaf(mw, xc[b].s, acc);
                 }
                 y[(size_t)c * ys + r + j] = acc;
             }

@@ -601,15 +601,32 @@ void pd_model_free(pd_model *m) {
 }
 
 /* Repacks, at load, the matmul weights whose format has a faster interleaved layout on this
- * ISA (kernels.h: PD_Q4_1_R16): a copy the kernels read instead of the mapped file. Only
- * tensors split between threads at multiples of PD_REPACK_ROWS qualify: whole row groups, and
+ * ISA (kernels.h: PD_*_R16): a copy the kernels read instead of the mapped file. Only
+ * tensors split between threads at multiples of PD_R16_ROWS qualify: whole row groups, and
  * for Q, K and V (one phase over their concatenated rows) sizes that keep the groups aligned.
- * The embedding table (read a row at a time) keeps the file's layout, a tied head with it. */
+ * The embedding table is read a row at a time and keeps the file's layout; a head tied to it
+ * gets its own repacked copy in the output slot (the file's pages of the table are then only
+ * touched row by row). */
+static int repack_one(pd_model *m, pd_tensor *t, int slot_index) {
+    const int rt = pd_repacked_type(t->type);
+    if (rt < 0 || !m->k->matmul[rt] || t->ne1 % PD_R16_ROWS || t->ne1 > INT32_MAX) return 0;
+    const size_t bytes = (size_t)t->ne1 * t->row_bytes;
+    void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!buf) return -1;
+    if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); return 0; }
+    m->repacked[m->n_repacked] = buf;
+    m->repacked_slot[m->n_repacked++] = slot_index;
+    m->repacked_bytes += bytes;
+    t->type = rt;
+    t->data = buf;
+    return 1;
+}
+
 static int repack_weights(pd_model *m) {
     const pd_config *c = &m->c;
     const int n_slots = PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS;
-    const int qkv_ok = (c->n_head * c->head_dim) % PD_REPACK_ROWS == 0 &&
-                       (c->n_head_kv * c->head_dim) % PD_REPACK_ROWS == 0;
+    const int qkv_ok = (c->n_head * c->head_dim) % PD_R16_ROWS == 0 &&
+                       (c->n_head_kv * c->head_dim) % PD_R16_ROWS == 0;
     m->repacked = calloc((size_t)n_slots, sizeof(void *));
     m->repacked_slot = calloc((size_t)n_slots, sizeof(int));
     if (!m->repacked || !m->repacked_slot) return PD_ENOMEM;
@@ -620,18 +637,15 @@ static int repack_weights(pd_model *m) {
             : slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
               (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
         pd_tensor *t = i < PD_GLOBAL_SLOTS ? &m->g[i] : &m->lt[i - PD_GLOBAL_SLOTS];
-        if (!eligible || !t->data || t->ne1 % PD_REPACK_ROWS || t->ne1 > INT32_MAX) continue;
-        const int rt = pd_repacked_type(t->type);
-        if (rt < 0 || !m->k->matmul[rt]) continue;
-        const size_t bytes = (size_t)t->ne1 * t->row_bytes;
-        void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!buf) return PD_ENOMEM;
-        if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); continue; }
-        m->repacked[m->n_repacked] = buf;
-        m->repacked_slot[m->n_repacked++] = i;
-        m->repacked_bytes += bytes;
-        t->type = rt;
-        t->data = buf;
+        if (!eligible) continue;
+        if (i == PD_OUTPUT && !t->data) {             /* tied head: a repacked copy of its own */
+            pd_tensor head = m->g[PD_TOK_EMBD];
+            const int rc = repack_one(m, &head, i);
+            if (rc < 0) return PD_ENOMEM;
+            if (rc) *t = head;
+        } else if (t->data && repack_one(m, t, i) < 0) {
+            return PD_ENOMEM;
+        }
     }
     return PD_OK;
 }

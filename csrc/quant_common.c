@@ -1,5 +1,6 @@
 /* Type traits, portable f16 conversion and scalar row dequantization (embedding lookup, tests). */
 #include "kernels.h"
+#include <stddef.h>
 #include <string.h>
 
 /* d*q + m must round twice, as the reference (gguf / ggml) does, for the dequantization to be
@@ -15,7 +16,12 @@ static type_traits traits(int type) {
     case PD_BF16: return (type_traits){1, 2, PD_ACT_F32};
     case PD_Q4_0: return (type_traits){32, sizeof(pd_block_q4_0), PD_ACT_Q8};
     case PD_Q4_1: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};
-    case PD_Q4_1_R16: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};  /* per row, on average */
+    /* repacked by 16 rows: the same bytes per row, on average */
+    case PD_Q4_0_R16: return (type_traits){32, sizeof(pd_block_q4_0), PD_ACT_Q8};
+    case PD_Q4_1_R16: return (type_traits){32, sizeof(pd_block_q4_1), PD_ACT_Q8};
+    case PD_Q5_0_R16: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
+    case PD_Q5_1_R16: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
+    case PD_Q8_0_R16: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
@@ -43,7 +49,11 @@ size_t pd_type_block_bytes(int type) { return traits(type).bytes; }
 int pd_type_act_format(int type) { return traits(type).act; }
 const char *pd_type_name(int type) {
     const int n = (int)(sizeof type_names / sizeof type_names[0]);
-    if (type == PD_Q4_1_R16) return "Q4_1 (repacked by 16 rows)";
+    if (type >= PD_FIRST_REPACKED && type < PD_NTYPES) {
+        static const char *const r16[] = { "Q4_0 (16-row repack)", "Q4_1 (16-row repack)", "Q5_0 (16-row repack)",
+                                           "Q5_1 (16-row repack)", "Q8_0 (16-row repack)" };
+        return r16[type - PD_FIRST_REPACKED];
+    }
     return type >= 0 && type < n ? type_names[type] : "unknown";
 }
 
@@ -224,22 +234,61 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
     return -1;
 }
 
-/* ---------------- repacked layouts (kernels.h: pd_block_q4_1_r16) ---------------- */
+/* ---------------- repacked layouts (kernels.h: PD_*_R16) ---------------- */
 
-int pd_repacked_type(int type) { return type == PD_Q4_1 ? PD_Q4_1_R16 : -1; }
+int pd_repacked_type(int type) {
+    switch (type) {
+    case PD_Q4_0: return PD_Q4_0_R16;
+    case PD_Q4_1: return PD_Q4_1_R16;
+    case PD_Q5_0: return PD_Q5_0_R16;
+    case PD_Q5_1: return PD_Q5_1_R16;
+    case PD_Q8_0: return PD_Q8_0_R16;
+    default: return -1;
+    }
+}
+
+/* The file block's fields: d (and m) f16, qh (fifth bits) and the quant bytes. */
+static void file_block(int type, const char *blk, uint16_t *d, uint16_t *m, uint32_t *qh, const uint8_t **qs) {
+    memcpy(d, blk, 2);
+    *m = 0;
+    *qh = 0;
+    switch (type) {
+    case PD_Q4_0: *qs = (const uint8_t *)blk + offsetof(pd_block_q4_0, qs); break;
+    case PD_Q4_1: memcpy(m, blk + 2, 2); *qs = (const uint8_t *)blk + offsetof(pd_block_q4_1, qs); break;
+    case PD_Q5_0: memcpy(qh, blk + offsetof(pd_block_q5_0, qh), 4); *qs = (const uint8_t *)blk + offsetof(pd_block_q5_0, qs); break;
+    case PD_Q5_1: memcpy(m, blk + 2, 2); memcpy(qh, blk + offsetof(pd_block_q5_1, qh), 4);
+                  *qs = (const uint8_t *)blk + offsetof(pd_block_q5_1, qs); break;
+    default:      *qs = (const uint8_t *)blk + offsetof(pd_block_q8_0, qs); break;
+    }
+}
 
 int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst) {
-    if (type != PD_Q4_1 || !src || !dst || nrows <= 0 || nrows % PD_REPACK_ROWS || k <= 0 || k % PD_QK)
-        return -1;
+    const int rt = pd_repacked_type(type);
+    if (rt < 0 || !src || !dst || nrows <= 0 || nrows % PD_R16_ROWS || k <= 0 || k % PD_QK) return -1;
     const int nb = k / PD_QK;
-    pd_block_q4_1_r16 *out = dst;
-    for (int r = 0; r < nrows; r += PD_REPACK_ROWS)
-        for (int b = 0; b < nb; b++, out++)
-            for (int j = 0; j < PD_REPACK_ROWS; j++) {
-                const pd_block_q4_1 *in = (const pd_block_q4_1 *)((const char *)src + (size_t)(r + j) * src_stride) + b;
-                out->d[j] = in->d;
-                out->m[j] = in->m;
-                for (int g = 0; g < 4; g++) memcpy(out->qs + 64 * g + 4 * j, in->qs + 4 * g, 4);
+    const size_t fb = pd_type_block_bytes(type), rb = pd_r16_bytes(rt);
+    char *out = dst;
+    for (int r = 0; r < nrows; r += PD_R16_ROWS)
+        for (int b = 0; b < nb; b++, out += rb) {
+            uint16_t *dd = (uint16_t *)out, *mm = (uint16_t *)(out + pd_r16_m_off(rt));
+            uint64_t hm[8] = { 0 };
+            uint8_t *q = (uint8_t *)out + pd_r16_qs_off(rt);
+            for (int j = 0; j < PD_R16_ROWS; j++) {
+                uint16_t d, m;
+                uint32_t qh;
+                const uint8_t *qs;
+                file_block(type, (const char *)src + (size_t)(r + j) * src_stride + (size_t)b * fb, &d, &m, &qh, &qs);
+                memcpy(dd + j, &d, 2);
+                if (pd_r16_has_min(rt)) memcpy(mm + j, &m, 2);
+                for (int h = 0; h < 8; h++)
+                    for (int t = 0; t < 4; t++) hm[h] |= (uint64_t)((qh >> (4 * h + t)) & 1) << (4 * j + t);
+                if (type == PD_Q8_0)
+                    for (int h = 0; h < 8; h++)
+                        for (int t = 0; t < 4; t++) q[64 * h + 4 * j + t] = qs[4 * h + t] ^ 0x80;
+                else
+                    for (int g = 0; g < 4; g++) memcpy(q + 64 * g + 4 * j, qs + 4 * g, 4);
             }
+            if (pd_r16_has_hmask(rt)) memcpy(out + pd_r16_hmask_off(rt), hm, sizeof hm);
+        }
     return 0;
 }

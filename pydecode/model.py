@@ -205,9 +205,11 @@ class Model:
         # What the C core repacked at load (one log line per tensor at DEBUG, a summary at INFO).
         self.repacked: list[tuple[str, str, int]] = []
         for i in range(lib.pd_model_n_repacked(ptr)):
-            t = self.gguf.tensors[names[lib.pd_model_repacked_slot(ptr, i)]]
-            self.repacked.append((t.name, t.type_name, t.n_bytes))
-            log.debug("repacked %s (%s, %d bytes) into its interleaved layout", t.name, t.type_name, t.n_bytes)
+            name = names[lib.pd_model_repacked_slot(ptr, i)]
+            t = self.gguf.tensors.get(name) or self.gguf.tensors["token_embd.weight"]   # a tied head
+            label = name if name == t.name else f"{t.name} (as {name}, the tied output head)"
+            self.repacked.append((label, t.type_name, t.n_bytes))
+            log.debug("repacked %s (%s, %d bytes) into its interleaved layout", label, t.type_name, t.n_bytes)
         if self.repacked:
             log.info("repacked %d tensors (%.1f MB) at load for the %s kernels", len(self.repacked),
                      self.repacked_bytes / 1e6, self.isa)

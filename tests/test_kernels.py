@@ -628,60 +628,66 @@ def matmul_repacked(isa_name, qtype, wbytes, nrows, k, x):
     return y
 
 
+REPACKED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+
+
 @pytest.mark.parametrize("isa", REPACKED_ISAS)
+@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])
 @pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 8), (48, 3), (160, 9), (32, 17), (64, 64)])
-def test_repacked_q4_1_vs_gguf_and_its_twin(isa, k, nrows, ncols):
-    """Q4_1 repacked by 16 rows (PD_Q4_1_R16): the AVX-512 kernel against the gguf oracle (the
-    same tolerances as every kernel), against its plain-C twin bit for bit, and against the
-    file-layout kernel of the same ISA within the scalar-vs-SIMD tolerance."""
+def test_repacked_vs_gguf_and_its_twin(isa, qtype, k, nrows, ncols):
+    """The legacy formats repacked by 16 rows (PD_*_R16): the AVX-512 kernels against the gguf
+    oracle (the same tolerances as every kernel), against their plain-C twin bit for bit, and
+    against the file-layout kernel of the same ISA within the scalar-vs-SIMD tolerance."""
     if not lib.pd_isa_supported(isa.encode()):
         pytest.skip(f"{isa} is not supported by this CPU")
-    wbytes, wd = weights(QT.Q4_1, nrows, k)
+    wbytes, wd = weights(qtype, nrows, k)
     x = acts(ncols, k)
-    y = matmul_repacked(isa, QT.Q4_1, wbytes, nrows, k, x)
-    check_against_oracle(y, wd, x, QT.Q4_1)
-    assert y.tobytes() == matmul_repacked("scalar", QT.Q4_1, wbytes, nrows, k, x).tobytes()
+    y = matmul_repacked(isa, qtype, wbytes, nrows, k, x)
+    check_against_oracle(y, wd, x, qtype)
+    assert y.tobytes() == matmul_repacked("scalar", qtype, wbytes, nrows, k, x).tobytes()
     xa = np.stack([dq8(q8_numpy(r)) for r in x])
     tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
-    assert (np.abs(y - matmul(isa, QT.Q4_1, wbytes, nrows, k, x)) <= tol).all()
+    assert (np.abs(y - matmul(isa, qtype, wbytes, nrows, k, x)) <= tol).all()
 
 
-def test_repacked_q4_1_bit_identical_in_any_tile():
+@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+def test_repacked_bit_identical_in_any_tile(qtype):
     """A repacked row group's results do not depend on the columns computed with it (tiles of
     up to 8 columns, the decode column alone) nor on the groups beside it."""
     if not lib.pd_isa_supported(b"avx512"):
         pytest.skip("no AVX-512 on this CPU")
     nrows, k = 64, 576
-    wbytes, _ = weights(QT.Q4_1, nrows, k)
+    wbytes, _ = weights(qtype, nrows, k)
     x = acts(19, k)
-    whole = matmul_repacked("avx512", QT.Q4_1, wbytes, nrows, k, x)
+    whole = matmul_repacked("avx512", qtype, wbytes, nrows, k, x)
     for groups in (((0, 1), (1, 9), (9, 19)), tuple((c, c + 1) for c in range(19))):
-        cols = np.concatenate([matmul_repacked("avx512", QT.Q4_1, wbytes, nrows, k, x[a:b]) for a, b in groups])
+        cols = np.concatenate([matmul_repacked("avx512", qtype, wbytes, nrows, k, x[a:b]) for a, b in groups])
         assert cols.tobytes() == whole.tobytes()
-    rows = np.concatenate([matmul_repacked("avx512", QT.Q4_1, wbytes[a:a + 16], 16, k, x)
+    rows = np.concatenate([matmul_repacked("avx512", qtype, wbytes[a:a + 16], 16, k, x)
                            for a in range(0, nrows, 16)], axis=1)
     assert rows.tobytes() == whole.tobytes()
 
 
 @pytest.mark.parametrize("nrows,qtype,isa_name", [(15, QT.Q4_1, "scalar"), (17, QT.Q4_1, "scalar"),
-                                                   (16, QT.Q4_0, "scalar"), (16, QT.Q4_1, "avx2")])
+                                                   (16, QT.Q4_K, "scalar"), (16, QT.Q4_1, "avx2")])
 def test_repacked_rejects_what_it_cannot_do(nrows, qtype, isa_name):
     """Rows not in whole groups of 16, a format without a repacked layout, or an ISA without
     the kernel: PD_EINVAL, never a wrong answer."""
     if not lib.pd_isa_supported(isa_name.encode()):
         pytest.skip(f"{isa_name} not supported here")
-    wbytes, _ = weights(qtype, nrows, 64)
-    x = acts(2, 64)
+    k = 256
+    wbytes, _ = weights(qtype, nrows, k)
+    x = acts(2, k)
     y = np.zeros((2, nrows), np.float32)
     rc = lib.pd_kernel_matmul_repacked(isa_name.encode(), int(qtype), ffi.from_buffer(wbytes), wbytes.shape[1],
-                                       nrows, 64, ffi.from_buffer("float[]", x), 2, ffi.from_buffer("float[]", y))
+                                       nrows, k, ffi.from_buffer("float[]", x), 2, ffi.from_buffer("float[]", y))
     assert rc == lib.PD_EINVAL
 
 
 def test_model_repacks_at_load_and_agrees_with_the_file_layout(smollm_path):
-    """SmolLM2 (Q4_1): on AVX-512 every layer matrix is repacked at load (a copy the size of
-    those tensors, reported), and greedy decoding agrees with the file-layout kernels as two
+    """SmolLM2 (Q4_1, a tied Q8_0 head): on AVX-512 every layer matrix and the head are repacked
+    at load (a copy the size of those tensors, reported), and greedy decoding agrees with the file-layout kernels as two
     ISAs do (tests/test_generation.py: the same tokens until a near-tie of the top two logits;
     8-bit activations make 30 layers amplify summation-order differences). repack=False keeps
     everything zero-copy."""
@@ -701,7 +707,8 @@ def test_model_repacks_at_load_and_agrees_with_the_file_layout(smollm_path):
     (a, packed, nbytes, isa_name), (b, none, zero, _) = runs[True], runs[False]
     assert none == [] and zero == 0
     if isa_name == "avx512":
-        assert len(packed) == 30 * 7 and all(t == "Q4_1" for _, t, _ in packed)
+        assert len(packed) == 30 * 7 + 1 and all(t == "Q4_1" for _, t, _ in packed[1:])
+        assert packed[0][:2] == ("token_embd.weight (as output.weight, the tied output head)", "Q8_0")
         assert nbytes == sum(n for _, _, n in packed)
     else:
         assert packed == [] and nbytes == 0
