@@ -65,7 +65,7 @@ class _Ours:
         self.name = m.gguf.metadata.get("general.name", m.path.stem)
         self.size = m.gguf.file_size
         self.params = sum(t.n_elements for t in m.gguf.tensors.values())
-        self.backend = f"pydecode/{m.isa}"
+        self.backend = f"pydecode/{m.isa}" + ("+repack" if m.repacked else "")
         self.n_vocab = m.n_vocab
         m.prefill([1] * 8)                                  # warm-up: page in the weights, start threads
         for i in range(3):
@@ -276,7 +276,7 @@ def bench_concurrency(path, threads: int, levels, n_gen: int, isa=None) -> list[
                      "tokens_per_s": gen / wall, "per_seq_tokens_per_s": float(np.mean([o.stats.decode_tokens_per_s for o in outs])),
                      "itl_p50_ms": float(p50), "itl_p95_ms": float(p95), "itl_p99_ms": float(p99),
                      "ttft_p50_ms": float(np.median(ttft)), "ttft_mean_ms": float(ttft.mean()),
-                     "weight_bytes_per_token": wb / c, "isa": m.isa})
+                     "weight_bytes_per_token": wb / c, "isa": m.isa, "repacked_bytes": m.repacked_bytes})
     m.close()
     return rows
 
@@ -289,4 +289,8 @@ def format_concurrency(rows: list[dict]) -> str:
         out.append(f"| {r['threads']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['per_seq_tokens_per_s']:.1f} | "
                    f"{r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['ttft_p50_ms']:.1f} | "
                    f"{r['weight_bytes_per_token'] / 1e6:.1f} |")
+    if rows:
+        rb = rows[0].get("repacked_bytes", 0)
+        out.append(f"kernels: {rows[0]['isa']}; " + (f"weights repacked at load: {rb / 1e6:.1f} MB beyond the mapped file"
+                                                      if rb else "weights read from the mapped file (no repack)"))
     return "\n".join(out)

@@ -466,6 +466,16 @@ def info(model):
     click.echo(f"weights/token   {per_token / 1e6:.1f} MB read per decoded token")
     click.echo(f"KV cache        {kv} bytes per token (F16), {kv * c.n_ctx_train / 1e6:.1f} MB at full context")
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
+    try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
+        from .model import Model
+        with Model(path, n_ctx=16, n_threads=1) as m:
+            kinds = Counter(t for _, t, _ in m.repacked)
+            click.echo(f"on this CPU     {m.isa} kernels; " + (
+                f"{len(m.repacked)} tensors repacked at load ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), "
+                f"{m.repacked_bytes / 1e6:.1f} MB beyond the mapped file (PYDECODE_REPACK=0: none)"
+                if m.repacked else "weights read in the file's layout (zero-copy)"))
+    except (PydecodeError, ValueError, OSError) as e:
+        click.echo(f"on this CPU     cannot load: {e}")
 
 
 @main.command()

@@ -131,6 +131,11 @@ class Model:
             n_threads = physical_cores()
         self.n_ctx, self.n_threads, self.kv_type = n_ctx, n_threads, kv_type
         self._check_memory(n_batch)
+        if self.repack and (avail := available_memory()) is not None and \
+                self.memory_needed(n_batch) + self.repack_bytes_at_most() > avail:
+            log.warning("not enough free memory to repack the weights (up to %.0f MB); keeping the file's layout",
+                        self.repack_bytes_at_most() / 1e6)
+            self.repack = False
         self._lock = threading.Lock()
         self._build(n_batch, isa)
         self.n_vocab = self.config.n_vocab
@@ -146,6 +151,18 @@ class Model:
         per_token = 4 * (3 * c.n_embd + 2 * max_in + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim
                          + 2 * c.n_ff + 4 * c.rope_dim)
         return kv + 4 * self.n_threads * self.n_ctx + n_batch * per_token
+
+    _REPACKABLE_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+    _REPACKED_SLOTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                       "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+    def repack_bytes_at_most(self) -> int:
+        """An upper bound of the bytes repacking at load may copy (the C core decides per tensor
+        and ISA; `repacked_bytes` says what it did): the legacy-format matmul weights and head."""
+        ts = self.gguf.tensors
+        names = [n for n in ts if n.split(".", 2)[-1] in self._REPACKED_SLOTS and n.startswith("blk.")]
+        names.append("output.weight" if "output.weight" in ts else "token_embd.weight")
+        return sum(ts[n].n_bytes for n in names if ts[n].type_name in self._REPACKABLE_TYPES)
 
     def _check_memory(self, n_batch: int) -> None:
         """A clear error before allocating, not an out-of-memory (or a machine swapping to death)

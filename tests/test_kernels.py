@@ -719,3 +719,20 @@ def test_model_repacks_at_load_and_agrees_with_the_file_layout(smollm_path):
             break
     with pytest.raises(ValueError, match="repack"):
         pydecode.Model(smollm_path, n_ctx=64, repack="yes")
+
+
+def test_repack_skipped_when_memory_is_short(smollm_path, monkeypatch, caplog):
+    """Repacking copies weights out of the (evictable) file mapping into process memory: where
+    that copy would not fit in the memory available, the model loads with the file's layout
+    and says so, rather than pushing the machine into swap."""
+    import pydecode
+    import pydecode.model as pm
+
+    probe = pydecode.Model(smollm_path, n_ctx=64, n_threads=1, repack=False)
+    tight = probe.memory_needed(probe.n_batch) + probe.repack_bytes_at_most() // 2
+    probe.close()
+    monkeypatch.setattr(pm, "available_memory", lambda: tight)
+    with caplog.at_level("WARNING", logger="pydecode"):
+        with pydecode.Model(smollm_path, n_ctx=64, n_threads=1) as m:
+            assert m.repacked == [] and m.repacked_bytes == 0 and not m.repack
+    assert "not enough free memory to repack" in caplog.text
