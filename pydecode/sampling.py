@@ -82,11 +82,28 @@ def apply_penalties(logits: np.ndarray, recent, p: SamplingParams) -> np.ndarray
 class Sampler:
     """Holds a step's reusable buffers and the seeded generator; `sample` is the step."""
 
+    _U_BATCH = 64   # uniforms drawn at a time: the same stream as one rng.random() per draw
+
     def __init__(self, params: SamplingParams, n_vocab: int):
         self.params, self.n_vocab = params, n_vocab
         self.rng = np.random.default_rng(params.seed)
         self._ids = np.empty(0, np.int32)
         self._vals = np.empty(0, np.float32)
+        self._u: list[float] = []
+        # The common case decided once: temperature sampling truncated by top-k / top-p / min-p,
+        # no penalties, one C call a step (sample() below, with everything precomputed).
+        p = params
+        bounded = 0 < p.top_k < n_vocab
+        self._fast = (p.temperature > 0 and not p.penalized and (bounded or p.top_p < 1.0 or p.min_p > 0.0))
+        self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
+                           p.top_p, p.min_p)
+        self._src = self._buf = None
+
+    def uniform(self) -> float:
+        """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
+        if not self._u:
+            self._u = self.rng.random(self._U_BATCH).tolist()[::-1]
+        return self._u.pop()
 
     def _top(self, x: np.ndarray, k: int):
         k = min(k, len(x))
@@ -97,6 +114,13 @@ class Sampler:
         return self._ids[:n], self._vals[:n]
 
     def sample(self, logits: np.ndarray, recent=()) -> int:
+        if self._fast and logits is self._src:      # the same logits buffer as the last step
+            t = lib.pd_sample_truncated(self._buf, self.n_vocab, *self._fast_args, self.uniform())
+            if t >= 0:
+                return t
+        elif self._fast and logits.dtype == np.float32 and logits.flags.c_contiguous and len(logits) == self.n_vocab:
+            self._src, self._buf = logits, ffi.from_buffer("float[]", logits)
+            return self.sample(logits, recent)
         return sample(logits, self.params, self, recent)
 
 
@@ -115,7 +139,7 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
         # The truncated chain (top-k, top-p, min-p, the draw) is one C call: after a decode step
         # has streamed the weights through the caches, each Python line here costs microseconds.
         t = lib.pd_sample_truncated(ffi.from_buffer("float[]", x), n, p.top_k if bounded else 0, CANDIDATES,
-                                    inv_t, p.top_p, p.min_p, sampler.rng.random())
+                                    inv_t, p.top_p, p.min_p, sampler.uniform())
         if t < 0:
             raise MemoryError("sampling scratch memory could not be allocated")
         return t
@@ -126,7 +150,7 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
     w = np.exp((vals.astype(np.float64) - shift) * inv_t)   # unnormalized candidate weights
     z = w.sum() if len(ids) == n else max(w.sum(), lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data),
                                                                     n, inv_t, shift))
-    u = sampler.rng.random() * z
+    u = sampler.uniform() * z
     cw = np.cumsum(w)
     if u < cw[-1] or len(ids) == n:
         return int(ids[min(int(np.searchsorted(cw, u, side="right")), len(ids) - 1)])

@@ -455,6 +455,7 @@ class Tokenizer:
         # drops it again where encode put it: at the start and after a special token.
         self._space_prefix = bool(getattr(backend, "add_space_prefix", False))
         self._bytes: list[bytes | None] = [None] * n  # token_bytes cache, filled on demand
+        self._shown: list[bytes | None] = [None] * n  # _piece(id, skip_special=True) cache, likewise
         # Special tokens cut out of the text before the backend sees it, longest (in UTF-8
         # bytes) first, as llama.cpp does. With parse_special=False only user-defined ones are
         # (as in llama.cpp and HF: they are part of the vocabulary's text, not markup).
@@ -615,6 +616,11 @@ class IncrementalDecoder:
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, start: bool = False):
         self._piece = tokenizer._piece
         self._skip = skip_special
+        self._n = tokenizer.vocab_size
+        # The bytes of each id as this decoder shows them, cached per tokenizer: feed runs once
+        # per generated token, right after a decode step has flushed the CPU caches, where every
+        # Python call costs microseconds.
+        self._cache = tokenizer._shown if skip_special else tokenizer._bytes
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self._space_prefix = tokenizer._space_prefix
         self._follows_special = tokenizer._follows_special
@@ -622,7 +628,11 @@ class IncrementalDecoder:
 
     def feed(self, token_id: int) -> str:
         """Text completed by this token (may be empty)."""
-        data = self._piece(token_id, self._skip)
+        data = self._cache[token_id] if 0 <= token_id < self._n else None
+        if data is None:
+            data = self._piece(token_id, self._skip)   # checks the id; fills token_bytes' cache
+            if self._skip:
+                self._cache[token_id] = data
         if self._space_prefix:
             if self._follows_special(token_id):
                 self._strip_next = True
