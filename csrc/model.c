@@ -8,6 +8,7 @@
 #include "pydecode.h"
 #include "kernels.h"
 #include "threadpool.h"
+#include "summary.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -58,6 +59,12 @@ struct pd_model {
     void **repacked;
     int *repacked_slot, n_repacked;
     size_t repacked_bytes;
+    /* The sampling summary (summary.h): one candidate list per thread, stats per head chunk. */
+    float summ_inv_t;          /* > 0: summarize steps that return one row of logits */
+    pd_summ_list *summ;        /* [n_threads], allocated on first use */
+    float *summ_cmax;          /* [summ_chunks] */
+    double *summ_csum;
+    int summ_chunks, summ_ready;
     char err[256];
 };
 
@@ -71,6 +78,7 @@ typedef struct {
     int n_out;
     float *logits;              /* [n_out][n_vocab] */
     uint32_t epoch;
+    int summ;                   /* fold the logits into the sampling summary (summary.h) */
 } step_ctx;
 
 static int set_err(char *buf, int len, const char *fmt, ...) {
@@ -380,6 +388,9 @@ static int forward(pd_worker *w, step_ctx *s) {
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < c->n_vocab ? r0 + ch : c->n_vocab;
         matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
+        if (s->summ)   /* while this chunk of logits is hot (summary.h) */
+            pd_summ_fold(&m->summ[w->ith], s->logits + r0, r0, r1 - r0, m->summ_inv_t, &m->summ_cmax[ci],
+                         &m->summ_csum[ci]);
     }
     END_PHASE(w, nc);
     return 0;
@@ -442,9 +453,13 @@ static int check_step(pd_model *m, const int32_t *tokens, const int32_t *pos, co
 static void run_checked(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                         const int32_t *out_idx, int n_out, float *logits) {
     step_ctx *s = m->step;
+    const int summ = m->summ_inv_t > 0 && n_out == 1 && logits;
+    if (summ)
+        for (int t = 0; t < m->c.n_threads; t++) pd_summ_reset(&m->summ[t]);
+    m->summ_ready = summ;
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_relaxed);   /* odd: being written */
     atomic_thread_fence(memory_order_release);
-    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch };
+    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ };
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_phases_reset(m->phases, m->n_phases, s->epoch);
     pd_pool_run_async(m->pool, forward_task, s);
@@ -595,6 +610,7 @@ void pd_model_free(pd_model *m) {
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
     free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
+    free(m->summ); free(m->summ_cmax); free(m->summ_csum);
     for (int i = 0; i < m->n_repacked; i++) free(m->repacked[i]);
     free(m->repacked); free(m->repacked_slot);
     free(m);
@@ -742,6 +758,34 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
 }
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
+int pd_model_set_summary(pd_model *m, float inv_t) {
+    if (!m) return PD_EINVAL;
+    if (!(inv_t >= 0.0f) || isinf(inv_t)) return set_err(m->err, sizeof m->err, "summary inv_t must be finite and >= 0");
+    if (inv_t > 0 && !m->summ) {
+        const int ch = chunk_rows(m->c.n_vocab);
+        if (ch > PD_SUMM_CHUNK) return set_err(m->err, sizeof m->err, "head chunks exceed the summary's");
+        m->summ_chunks = N_CHUNKS(m->c.n_vocab, ch);
+        m->summ = aligned_alloc(64, ((size_t)m->c.n_threads * sizeof(pd_summ_list) + 63) / 64 * 64);
+        m->summ_cmax = malloc((size_t)m->summ_chunks * sizeof(float));
+        m->summ_csum = malloc((size_t)m->summ_chunks * sizeof(double));
+        if (!m->summ || !m->summ_cmax || !m->summ_csum) {
+            free(m->summ); free(m->summ_cmax); free(m->summ_csum);
+            m->summ = NULL; m->summ_cmax = NULL; m->summ_csum = NULL;
+            set_err(m->err, sizeof m->err, "out of memory for the sampling summary");
+            return PD_ENOMEM;
+        }
+    }
+    m->summ_inv_t = inv_t;
+    m->summ_ready = 0;
+    return PD_OK;
+}
+
+int pd_model_sample(pd_model *m, int top_k, double top_p, double min_p, double u01) {
+    if (!m || !m->summ_ready) return -2;
+    return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
+                          top_k, m->summ_inv_t, top_p, min_p, u01);
+}
+
 int pd_model_n_repacked(const pd_model *m) { return m ? m->n_repacked : 0; }
 size_t pd_model_repacked_bytes(const pd_model *m) { return m ? m->repacked_bytes : 0; }
 int pd_model_repacked_slot(const pd_model *m, int i) {

@@ -73,7 +73,14 @@ int pd_model_n_seq(const pd_model *m);
  * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
 int pd_model_n_repacked(const pd_model *m);
 size_t pd_model_repacked_bytes(const pd_model *m);
-int pd_model_repacked_slot(const pd_model *m, int i);   /* the KV cache holds n_seq x that (one slot per sequence) */
+int pd_model_repacked_slot(const pd_model *m, int i);
+/* The sampling summary (summary.h): with inv_t > 0, every following step that returns one row
+ * of logits also summarizes them, during its output-head phase, for a truncated draw at
+ * temperature 1/inv_t; 0 turns it off. pd_model_sample draws from the last step's summary: the
+ * token id, -1 if the summary cannot decide (the caller samples the logits instead), or -2 if
+ * the last step made none. */
+int pd_model_set_summary(pd_model *m, float inv_t);
+int pd_model_sample(pd_model *m, int top_k, double top_p, double min_p, double u01);   /* the KV cache holds n_seq x that (one slot per sequence) */
 
 /* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
  * (mat x mat, causal attention), appends their K/V, writes the last position's logits into

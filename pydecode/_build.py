@@ -21,6 +21,7 @@ COMMON_SOURCES = [
     "csrc/dispatch.c",
     "csrc/kernel_api.c",
     "csrc/sampling.c",
+    "csrc/sample_summary.c",
     "csrc/bandwidth.c",
 ]
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fno-math-errno", "-Wall", "-Wno-unused-function"]

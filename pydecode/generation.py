@@ -268,6 +268,7 @@ class Generation:
 
     def _run(self) -> Iterator[Piece]:
         model, pol, st = self.model, self.policy, self.policy.stats
+        pol.sampler.attach(model)   # the model's steps summarize their logits for the sampler
         try:
             pol.t0 = t0 = time.perf_counter()
             logits = model.prefill(self.prompt[self.reused:], pos=self.reused)
@@ -295,3 +296,5 @@ class Generation:
         except GeneratorExit:
             pol.abort("abandoned")
             raise
+        finally:
+            pol.sampler.detach(model)

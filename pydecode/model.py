@@ -344,6 +344,17 @@ class Model:
         """Bytes allocated for the KV cache (all layers, n_ctx positions, n_seq slots)."""
         return int(lib.pd_model_kv_bytes(self._ptr))
 
+    def set_summary(self, inv_t: float) -> None:
+        """With inv_t > 0, each following step that returns one row of logits also summarizes
+        them for a truncated draw at temperature 1/inv_t (csrc/summary.h), so that `sample_summary`
+        needs no pass over the vocabulary; 0 turns it off."""
+        self._check(lib.pd_model_set_summary(self._ptr, float(inv_t)))
+
+    def sample_summary(self, top_k: int, top_p: float, min_p: float, u: float) -> int:
+        """The truncated draw from the last step's summary: a token id, or -1 when the summary
+        cannot decide it (sample the logits instead), -2 when the last step made none."""
+        return lib.pd_model_sample(self._ptr, top_k, top_p, min_p, u)
+
     @property
     def repacked_bytes(self) -> int:
         """Memory held by weights repacked at load (a copy of those tensors, beyond the mapped file)."""

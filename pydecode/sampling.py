@@ -22,6 +22,7 @@ from . import _core
 ffi, lib = _core.ffi, _core.lib
 
 CANDIDATES = 256   # first candidate list when no top-k bounds it; grows x8 when needed
+SUMMARY_K = 256    # candidates a model's sampling summary keeps (csrc/summary.h: PD_SUMM_K)
 
 
 def _number(name, v, lo, hi, lo_open=False):
@@ -98,6 +99,23 @@ class Sampler:
         self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
                            p.top_p, p.min_p)
         self._src = self._buf = None
+        self._summary = None    # (pd_model pointer, its draw's args) while attached
+
+    def attach(self, model) -> None:
+        """Lets `model`'s steps summarize their logits for this sampler while they are hot
+        (csrc/summary.h): the draw then reads a few hundred candidates instead of the whole
+        vocabulary. For the single-sequence loop (Generation); detach() when done."""
+        if not self._fast or self._fast_args[0] > SUMMARY_K:
+            return
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        model.set_summary(inv_t)
+        self._summary = (model._ptr, top_k, top_p, min_p)
+        self._src, self._buf = model._logits, ffi.from_buffer("float[]", model._logits)
+
+    def detach(self, model) -> None:
+        if self._summary is not None:
+            self._summary = None
+            model.set_summary(0.0)
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -115,7 +133,12 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, recent=()) -> int:
         if self._fast and logits is self._src:      # the same logits buffer as the last step
-            t = lib.pd_sample_truncated(self._buf, self.n_vocab, *self._fast_args, self.uniform())
+            u = self.uniform()
+            if self._summary is not None:           # the model summarized these logits (attach)
+                t = lib.pd_model_sample(*self._summary, u)
+                if t >= 0:
+                    return t
+            t = lib.pd_sample_truncated(self._buf, self.n_vocab, *self._fast_args, u)
             if t >= 0:
                 return t
         elif self._fast and logits.dtype == np.float32 and logits.flags.c_contiguous and len(logits) == self.n_vocab:

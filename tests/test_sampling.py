@@ -291,3 +291,103 @@ def test_sample_truncated_equals_its_primitives_step_by_step(logits, kw):
                 break
             k = min(k * 8, n)
         assert lib.pd_sample_truncated(px, n, top_k, 256, inv_t, top_p, min_p, u) == ids[i]
+
+
+# ---------------------------------------------------------------- the sampling summary (csrc/summary.h)
+
+SUMMARY_PARAMS = [dict(top_p=0.95), dict(top_k=40), dict(top_k=256, top_p=0.9), dict(top_p=0.5, min_p=0.05),
+                  dict(min_p=0.1), dict(top_p=0.999999)]
+
+
+def _summary_vs_full(m, steps, inv_t, n_u=12):
+    """For each decode step with the summary on: the summary's draw == pd_sample_truncated's over
+    the step's logits, for every parameter set and u (or -1: it defers, never disagrees)."""
+    from pydecode._core import ffi, lib
+
+    m.set_summary(inv_t)
+    toks = m.tokenizer.encode("Once upon a time, in a small village by the sea")
+    logits = m.prefill(toks)
+    seen = deferred = 0
+    us = np.random.default_rng(7).random(n_u).tolist() + [0.0, 0.9999999]
+    for i in range(steps):
+        buf = ffi.from_buffer("float[]", logits)
+        for kw in SUMMARY_PARAMS:
+            top_k, top_p, min_p = kw.get("top_k", 0), kw.get("top_p", 1.0), kw.get("min_p", 0.0)
+            for u in us:
+                want = lib.pd_sample_truncated(buf, len(logits), top_k, 256, inv_t, top_p, min_p, u)
+                got = m.sample_summary(top_k, top_p, min_p, u)
+                assert got in (want, -1), (i, kw, u, got, want)
+                seen += 1
+                deferred += got == -1
+        logits = m.decode_step(int(np.argmax(logits)), len(toks) + i)
+    m.set_summary(0.0)
+    return seen, deferred
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_summary_draw_equals_the_full_pass(smollm_path, threads):
+    """The candidates each thread folds during the head phase (any split of its chunks) and the
+    rescaled chunk sums give the same draw as a pass over the whole logit vector."""
+    import pydecode
+
+    with pydecode.Model(smollm_path, n_ctx=128, n_threads=threads) as m:
+        seen, deferred = _summary_vs_full(m, 4, 1 / 0.8)
+    assert deferred < seen / 4        # it decides most draws itself
+
+
+def test_summary_draw_equals_the_full_pass_gemma(gemma_path):
+    """262,144 logits in 256 chunks, hot temperature and cold."""
+    import pydecode
+
+    with pydecode.Model(gemma_path, n_ctx=128, n_threads=2) as m:
+        for inv_t in (1 / 1.5, 1 / 0.3):
+            _summary_vs_full(m, 2, inv_t, n_u=6)
+
+
+def test_summary_on_a_small_vocabulary(tmp_path):
+    """A vocabulary smaller than the summary's candidate list: every logit is a candidate."""
+    import pydecode
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(path, "llama")
+    with pydecode.Model(path, n_ctx=64, n_threads=3) as m:
+        m.set_summary(1.0)
+        logits = m.prefill([1, 2, 3])
+        from pydecode._core import ffi, lib
+        buf = ffi.from_buffer("float[]", logits)
+        for u in np.linspace(0, 0.999, 37):
+            for top_p in (1.0, 0.9, 0.3):
+                want = lib.pd_sample_truncated(buf, len(logits), 0, 256, 1.0, top_p, 0.0, u)
+                assert m.sample_summary(0, top_p, 0.0, u) == want
+
+
+def test_summary_state_and_bad_input(smollm_path):
+    """No summary before a summarized step (-2), none for steps that return several rows, and a
+    bad temperature is refused; generate() detaches (summary off) when it ends and picks the
+    same seeded tokens as without the summary."""
+    import pydecode
+    from pydecode import sampling
+
+    with pydecode.Model(smollm_path, n_ctx=128, n_threads=2) as m:
+        assert m.sample_summary(40, 1.0, 0.0, 0.5) == -2
+        m.set_summary(1.0)
+        m.prefill([1, 2, 3], all_logits=True)          # several rows: not summarized
+        assert m.sample_summary(40, 1.0, 0.0, 0.5) == -2
+        m.prefill([1, 2, 3])
+        assert m.sample_summary(40, 1.0, 0.0, 0.5) >= 0
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                m.set_summary(bad)
+    kw = dict(max_tokens=24, temperature=0.8, top_p=0.95, seed=3)
+    llm = pydecode.load(smollm_path, n_ctx=128, n_threads=2)
+    a = llm.generate("The capital of France is", **kw)
+    llm.model.prefill([1, 2, 3])
+    assert llm.model.sample_summary(40, 1.0, 0.0, 0.5) == -2   # detached after the generation
+    orig = sampling.Sampler.attach
+    sampling.Sampler.attach = lambda self, model: None          # the full pass over the logits
+    try:
+        b = pydecode.load(smollm_path, n_ctx=128, n_threads=2).generate("The capital of France is", **kw)
+    finally:
+        sampling.Sampler.attach = orig
+    assert a.tokens == b.tokens

@@ -1,0 +1,114 @@
+/* The sampling summary of summary.h: folding chunks of hot logits, and the draw from it. */
+#include "summary.h"
+#include "pydecode.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Order-preserving 32-bit key of a float (-0 == +0), and back. */
+static inline uint32_t fkey(float f) {
+    uint32_t u;
+    f = f == 0.0f ? 0.0f : f;
+    memcpy(&u, &f, 4);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+static inline float fkey_inv(uint32_t k) {
+    uint32_t u = k & 0x80000000u ? k & 0x7fffffffu : ~k;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* (value descending, id ascending) as one ascending 64-bit key. */
+static inline uint64_t rank_key(float v, int32_t id) { return (uint64_t)(~fkey(v)) << 32 | (uint32_t)id; }
+
+static void swap_pair(int32_t *id, float *val, int a, int b) {
+    int32_t ti = id[a]; id[a] = id[b]; id[b] = ti;
+    float tv = val[a]; val[a] = val[b]; val[b] = tv;
+}
+
+/* Moves the k best (by rank_key) of the n pairs to the front, in no particular order. */
+static void select_best(int32_t *id, float *val, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;   /* median of three as the pivot */
+        uint64_t a = rank_key(val[lo], id[lo]), b = rank_key(val[mid], id[mid]), c = rank_key(val[hi], id[hi]);
+        int p = (a < b) == (b < c) ? mid : (b < a) == (a < c) ? lo : hi;
+        const uint64_t pk = rank_key(val[p], id[p]);
+        swap_pair(id, val, p, hi);
+        int store = lo;
+        for (int i = lo; i < hi; i++)
+            if (rank_key(val[i], id[i]) < pk) swap_pair(id, val, i, store++);
+        swap_pair(id, val, store, hi);
+        if (store == k - 1 || store == k) return;   /* the first k are the k best */
+        if (store < k) lo = store + 1; else hi = store - 1;
+    }
+}
+
+void pd_summ_reset(pd_summ_list *l) { l->n = 0; l->thr = -INFINITY; }
+
+void pd_summ_fold(pd_summ_list *l, const float *x, int r0, int n, float inv_t, float *cmax, double *csum) {
+    const float mx = pd_max_f32(x, n);
+    *cmax = mx;
+    *csum = mx == -INFINITY ? 0.0 : pd_sum_exp(NULL, x, n, inv_t, mx);
+    if (!(mx > l->thr)) return;               /* nothing here beats the list: the common case */
+    const int got = pd_collect_above(NULL, x, n, l->thr, l->idx);
+    for (int i = 0; i < got; i++) {
+        l->id[l->n + i] = r0 + l->idx[i];
+        l->val[l->n + i] = x[l->idx[i]];
+    }
+    l->n += got;
+    if (l->n > PD_SUMM_CAP) {
+        select_best(l->id, l->val, l->n, PD_SUMM_K);
+        l->n = PD_SUMM_K;
+        float t = l->val[0];
+        for (int i = 1; i < PD_SUMM_K; i++) t = l->val[i] < t ? l->val[i] : t;
+        l->thr = t;   /* a later (higher) id equal to it ranks below every kept one */
+    }
+}
+
+/* LSD radix sort of 64-bit keys, 8 bits a pass (n is at most a few thousand). */
+static void radix_sort64(uint64_t *a, uint64_t *tmp, int n) {
+    for (int sh = 0; sh < 64; sh += 8) {
+        uint32_t count[257] = { 0 };
+        for (int i = 0; i < n; i++) count[((a[i] >> sh) & 255) + 1]++;
+        if (count[((a[0] >> sh) & 255) + 1] == (uint32_t)n) continue;   /* one bucket: nothing moves */
+        for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+        for (int i = 0; i < n; i++) tmp[count[(a[i] >> sh) & 255]++] = a[i];
+        memcpy(a, tmp, (size_t)n * sizeof *a);
+    }
+}
+
+int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
+                   int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01) {
+    const int bounded = top_k > 0 && top_k < n_vocab;
+    if (!lists || n_lists < 1 || n_vocab < 1 || (bounded && top_k > PD_SUMM_K)) return -1;
+    int total = 0;
+    for (int t = 0; t < n_lists; t++) total += lists[t].n;
+    if (total < 1) return -1;
+    uint64_t *key = malloc((size_t)total * 2 * sizeof *key);
+    float *vals = malloc((size_t)total * sizeof *vals);
+    int rc = -1;
+    if (!key || !vals) goto done;
+    int n = 0;
+    for (int t = 0; t < n_lists; t++)
+        for (int i = 0; i < lists[t].n; i++) key[n++] = rank_key(lists[t].val[i], lists[t].id[i]);
+    radix_sort64(key, key + total, n);
+    /* As pd_sample_truncated: k = top_k (bounded) or a first list of PD_SUMM_K candidates. Every
+     * list holds its thread's best PD_SUMM_K (and more), so the merged best k are exact. */
+    const int k = bounded ? top_k : (PD_SUMM_K < n_vocab ? PD_SUMM_K : n_vocab);
+    if (n < k) goto done;                     /* (a list can hold fewer only if the vocabulary is small) */
+    for (int i = 0; i < k; i++) vals[i] = fkey_inv(~(uint32_t)(key[i] >> 32));
+    const int whole = bounded || k == n_vocab;
+    double z = 0.0;
+    if (!whole)
+        for (int c = 0; c < n_chunks; c++)
+            if (cmax[c] != -INFINITY) z += csum[c] * exp(((double)cmax[c] - vals[0]) * inv_t);
+    const int i = pd_draw_candidates(vals, k, inv_t, z, top_p, min_p, !whole, u01);
+    if (i >= 0) rc = (int)(uint32_t)(key[i] & 0xffffffffu);
+done:
+    free(key);
+    free(vals);
+    return rc;
+}
