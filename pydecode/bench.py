@@ -247,11 +247,13 @@ def _conc_prompt(i: int) -> str:
     return f"Story {i + 1}: a short story about {_TOPICS[i % len(_TOPICS)]}."
 
 
-def bench_concurrency(path, threads: int, levels, n_gen: int, isa=None) -> list[dict]:
+def bench_concurrency(path, threads: int, levels, n_gen: int, isa=None, reps: int = 1) -> list[dict]:
     """For each level C: C sequences of n_gen tokens each, from short different prompts, through
-    the batching Engine (one model with n_seq = max level; one timed run per level after a
-    warm-up). Every sequence runs its full n_gen tokens (end-of-generation tokens are ignored, as
-    llama-bench does), so levels compare like for like."""
+    the batching Engine (one model with n_seq = max level), after a warm-up. Every sequence runs
+    its full n_gen tokens (end-of-generation tokens are ignored, as llama-bench does), so levels
+    compare like for like. With reps > 1 the levels take turns (1, 8, 1, 8, ...: a machine whose
+    speed drifts moves all of them alike); a row gives the mean and std of the aggregate t/s over
+    the repetitions, and latency percentiles over all of them."""
     from .engine import Engine
     from .model import DEFAULT_N_BATCH
 
@@ -259,21 +261,28 @@ def bench_concurrency(path, threads: int, levels, n_gen: int, isa=None) -> list[
     m = Model(path, n_threads=threads, n_seq=top, n_batch=max(DEFAULT_N_BATCH, top), n_ctx=n_gen + 64, isa=isa)
     wb = m.weight_bytes()
     Engine(m, max_seqs=1).submit(_conc_prompt(0), 4).result()   # warm-up: page in the weights, start threads
+    runs = {c: [] for c in levels}
+    for _ in range(reps):
+        for c in levels:
+            eng = Engine(m, max_seqs=c)
+            t = time.perf_counter()
+            handles = [eng.submit(_conc_prompt(i), n_gen) for i in range(c)]
+            for h in handles:
+                h._s.policy.eog = frozenset()   # run to n_gen: no sequence ends early (before any step runs)
+            runs[c].append(([h.result() for h in handles], time.perf_counter() - t))
     rows = []
     for c in levels:
-        eng = Engine(m, max_seqs=c)
-        t = time.perf_counter()
-        handles = [eng.submit(_conc_prompt(i), n_gen) for i in range(c)]
-        for h in handles:
-            h._s.policy.eog = frozenset()   # run to n_gen: no sequence ends early (before any step runs)
-        outs = [h.result() for h in handles]
-        wall = time.perf_counter() - t
-        gen = sum(o.stats.generated_tokens for o in outs)
+        outs = [o for os_, _ in runs[c] for o in os_]
+        tps = np.array([sum(o.stats.generated_tokens for o in os_) / wall for os_, wall in runs[c]])
         itl = np.array([x for o in outs for x in o.stats.token_latencies_s]) * 1e3
         ttft = np.array([o.stats.ttft_s for o in outs]) * 1e3
         p50, p95, p99 = np.percentile(itl, [50, 95, 99]) if len(itl) else (0.0, 0.0, 0.0)
-        rows.append({"threads": threads, "concurrency": c, "generated_tokens": gen, "wall_s": wall,
-                     "tokens_per_s": gen / wall, "per_seq_tokens_per_s": float(np.mean([o.stats.decode_tokens_per_s for o in outs])),
+        rows.append({"threads": threads, "concurrency": c, "reps": reps,
+                     "generated_tokens": sum(o.stats.generated_tokens for o in runs[c][0][0]),
+                     "wall_s": float(np.mean([w for _, w in runs[c]])),
+                     "tokens_per_s": float(tps.mean()), "tokens_per_s_std": float(tps.std()),
+                     "tokens_per_s_each": tps.tolist(),
+                     "per_seq_tokens_per_s": float(np.mean([o.stats.decode_tokens_per_s for o in outs])),
                      "itl_p50_ms": float(p50), "itl_p95_ms": float(p95), "itl_p99_ms": float(p99),
                      "ttft_p50_ms": float(np.median(ttft)), "ttft_mean_ms": float(ttft.mean()),
                      "weight_bytes_per_token": wb / c, "isa": m.isa, "repacked_bytes": m.repacked_bytes})
@@ -286,9 +295,17 @@ def format_concurrency(rows: list[dict]) -> str:
            "TTFT p50 ms | weight MB / token |",
            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        out.append(f"| {r['threads']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['per_seq_tokens_per_s']:.1f} | "
+        out.append(f"| {r['threads']} | {r['concurrency']} | {r['tokens_per_s']:.1f} ± {r.get('tokens_per_s_std', 0):.1f} | "
+                   f"{r['per_seq_tokens_per_s']:.1f} | "
                    f"{r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['ttft_p50_ms']:.1f} | "
                    f"{r['weight_bytes_per_token'] / 1e6:.1f} |")
+    for t in sorted({r["threads"] for r in rows}):
+        mine = [r for r in rows if r["threads"] == t]
+        lo, hi = min(mine, key=lambda r: r["concurrency"]), max(mine, key=lambda r: r["concurrency"])
+        if hi["concurrency"] > lo["concurrency"] and lo["tokens_per_s"] > 0:
+            out.append(f"{t} thread(s): aggregate t/s at concurrency {hi['concurrency']} / concurrency "
+                       f"{lo['concurrency']}: {hi['tokens_per_s'] / lo['tokens_per_s']:.2f}x "
+                       f"(ITL p95 at {hi['concurrency']}: {hi['itl_p95_ms']:.2f} ms; {hi['reps']} repetition(s))")
     if rows:
         rb = rows[0].get("repacked_bytes", 0)
         out.append(f"kernels: {rows[0]['isa']}; " + (f"weights repacked at load: {rb / 1e6:.1f} MB beyond the mapped file"

@@ -583,7 +583,7 @@ def bench(model, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, conc
             if not levels or any(not 1 <= c <= MAX_N_SEQ for c in levels):
                 raise click.BadParameter(f"a comma-separated list of integers in 1..{MAX_N_SEQ}, got {concurrency!r}",
                                          param_hint="--concurrency")
-            rows = [r for t in threads for r in _bench.bench_concurrency(path, t, levels, n_gen, isa=isa)]
+            rows = [r for t in threads for r in _bench.bench_concurrency(path, t, levels, n_gen, isa=isa, reps=reps)]
             click.echo(_json.dumps({"concurrency": rows}) if as_json else _bench.format_concurrency(rows))
             return
         if compare:

@@ -20,6 +20,8 @@ import weakref
 from collections import deque
 from typing import Iterator
 
+import numpy as np
+
 from .errors import QueueFullError
 from .generation import Completion, Piece, Stats, TokenPolicy, reusable_prefix, ring_extra
 from .model import Model, _is_int
@@ -143,6 +145,7 @@ class Engine:
         self._queue: deque[_Seq] = deque()
         self._active: list[_Seq] = []          # in admission order
         self._free = list(range(n))
+        self._logits_buf = None   # batch_step's output, reused step after step (rows are read within the step)
         self._held: list[list[int]] = [[] for _ in range(n)]   # what each slot's cache holds: prefix reuse
         self._stepping = False                 # a thread is inside a step
         self._driving = False                  # a driver thread runs: consumers only wait
@@ -275,7 +278,9 @@ class Engine:
             if not tokens:
                 return
             try:
-                logits = self.model.batch_step(tokens, pos, slots, out)
+                if self._logits_buf is None or len(self._logits_buf) < len(out):
+                    self._logits_buf = np.empty((max(len(out), self.max_seqs), self.model.n_vocab), np.float32)
+                logits = self.model.batch_step(tokens, pos, slots, out, out=self._logits_buf)
             except Exception as e:
                 results = [(s, [], e) for s, _, _ in items]
                 return

@@ -279,12 +279,14 @@ class Model:
         self._check(rc)
         return self._logits
 
-    def batch_step(self, tokens, pos, seq, out_idx=None) -> np.ndarray:
+    def batch_step(self, tokens, pos, seq, out_idx=None, out: np.ndarray | None = None) -> np.ndarray:
         """One pass over several sequences at once (every weight read once for all of them): token
         i goes to sequence slot seq[i] at position pos[i]. A sequence's tokens must sit at
         consecutive positions, in order: one token for a decode, several for a prefill chunk.
         At most n_batch tokens. Returns the logits of the tokens listed in out_idx (default: all),
-        [len(out_idx), vocab], a fresh array."""
+        [len(out_idx), vocab]: a fresh array, or the first rows of `out` (float32, C-contiguous,
+        [>= len(out_idx), vocab]) when given, which saves a step the allocation (and the page
+        faults) of a buffer the size of several vocabularies."""
         toks = np.ascontiguousarray(tokens, dtype=np.int64)
         n = len(toks)
         if toks.ndim != 1 or n == 0:
@@ -298,9 +300,14 @@ class Model:
                 raise ValueError(f"{name} must have one entry per token ({n}), got shape {a.shape}")
             arrays.append(a)
         p, s = arrays
+        buf = out
         out = np.arange(n) if out_idx is None else np.ascontiguousarray(out_idx, dtype=np.int64)
         if out.ndim != 1 or (len(out) and (out.min() < 0 or out.max() >= n)):
             raise ValueError(f"out_idx must list token indices in 0..{n - 1}")
+        if buf is not None and (not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.ndim != 2
+                                or not buf.flags.c_contiguous or not buf.flags.writeable
+                                or buf.shape[1] != self.n_vocab or buf.shape[0] < len(out)):
+            raise ValueError(f"out must be a writable C-contiguous float32 array of shape (>= {len(out)}, {self.n_vocab})")
         bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
         if len(bad):
             raise ValueError(f"token id {toks[bad[0]]} at index {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
@@ -311,7 +318,7 @@ class Model:
         if len(bad):
             raise ContextFullError(f"position {p[bad[0]]} at index {bad[0]} is outside the context of {self.n_ctx} tokens")
         t32, p32, s32, o32 = (np.ascontiguousarray(a, dtype=np.int32) for a in (toks, p, s, out))
-        logits = np.empty((len(o32), self.n_vocab), dtype=np.float32)
+        logits = np.empty((len(o32), self.n_vocab), dtype=np.float32) if buf is None else buf[:len(o32)]
         i32 = "int32_t *"
         with self._lock:
             rc = lib.pd_batch_step(self._ptr, ffi.cast(i32, t32.ctypes.data), ffi.cast(i32, p32.ctypes.data),

@@ -615,7 +615,7 @@ def test_type_names():
 
 # ---------------------------------------------------------------- repacked layouts (built at load)
 
-REPACKED_ISAS = [i for i in ISAS if i in ("scalar", "avx512")]   # scalar: the plain-C twin
+REPACKED_ISAS = ["scalar", "avxvnni", "avx512"]   # scalar: the plain-C twin
 
 
 def matmul_repacked(isa_name, qtype, wbytes, nrows, k, x):
@@ -636,7 +636,7 @@ REPACKED_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])
 @pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 8), (48, 3), (160, 9), (32, 17), (64, 64)])
 def test_repacked_vs_gguf_and_its_twin(isa, qtype, k, nrows, ncols):
-    """The legacy formats repacked by 16 rows (PD_*_R16): the AVX-512 kernels against the gguf
+    """The legacy formats repacked by 16 rows (PD_*_R16): the AVX-512 and AVX-VNNI kernels against the gguf
     oracle (the same tolerances as every kernel), against their plain-C twin bit for bit, and
     against the file-layout kernel of the same ISA within the scalar-vs-SIMD tolerance."""
     if not lib.pd_isa_supported(isa.encode()):
@@ -651,20 +651,21 @@ def test_repacked_vs_gguf_and_its_twin(isa, qtype, k, nrows, ncols):
     assert (np.abs(y - matmul(isa, qtype, wbytes, nrows, k, x)) <= tol).all()
 
 
+@pytest.mark.parametrize("isa_name", ["avxvnni", "avx512"])
 @pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
-def test_repacked_bit_identical_in_any_tile(qtype):
+def test_repacked_bit_identical_in_any_tile(isa_name, qtype):
     """A repacked row group's results do not depend on the columns computed with it (tiles of
     up to 8 columns, the decode column alone) nor on the groups beside it."""
-    if not lib.pd_isa_supported(b"avx512"):
-        pytest.skip("no AVX-512 on this CPU")
+    if not lib.pd_isa_supported(isa_name.encode()):
+        pytest.skip(f"no {isa_name} on this CPU")
     nrows, k = 64, 576
     wbytes, _ = weights(qtype, nrows, k)
     x = acts(19, k)
-    whole = matmul_repacked("avx512", qtype, wbytes, nrows, k, x)
+    whole = matmul_repacked(isa_name, qtype, wbytes, nrows, k, x)
     for groups in (((0, 1), (1, 9), (9, 19)), tuple((c, c + 1) for c in range(19))):
-        cols = np.concatenate([matmul_repacked("avx512", qtype, wbytes, nrows, k, x[a:b]) for a, b in groups])
+        cols = np.concatenate([matmul_repacked(isa_name, qtype, wbytes, nrows, k, x[a:b]) for a, b in groups])
         assert cols.tobytes() == whole.tobytes()
-    rows = np.concatenate([matmul_repacked("avx512", qtype, wbytes[a:a + 16], 16, k, x)
+    rows = np.concatenate([matmul_repacked(isa_name, qtype, wbytes[a:a + 16], 16, k, x)
                            for a in range(0, nrows, 16)], axis=1)
     assert rows.tobytes() == whole.tobytes()
 
@@ -706,7 +707,7 @@ def test_model_repacks_at_load_and_agrees_with_the_file_layout(smollm_path):
             runs[repack] = (steps, m.repacked, m.repacked_bytes, m.isa)
     (a, packed, nbytes, isa_name), (b, none, zero, _) = runs[True], runs[False]
     assert none == [] and zero == 0
-    if isa_name == "avx512":
+    if isa_name in ("avx512", "avxvnni"):
         assert len(packed) == 30 * 7 + 1 and all(t == "Q4_1" for _, t, _ in packed[1:])
         assert packed[0][:2] == ("token_embd.weight (as output.weight, the tied output head)", "Q8_0")
         assert nbytes == sum(n for _, _, n in packed)
