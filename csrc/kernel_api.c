@@ -104,3 +104,10 @@ int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, cons
     free(p);
     return PD_OK;
 }
+
+int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !g || !u || n < 0) return PD_EINVAL;
+    kt->act_mul(g, u, n, gelu);
+    return PD_OK;
+}

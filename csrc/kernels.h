@@ -209,6 +209,9 @@ typedef struct {
     void (*attn_scores)(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
     float (*exp_sub)(float *x, int n, float shift);
     void (*attn_accum)(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+    /* The gated FFN activation, in place: g[i] = act(g[i]) * u[i], act = SiLU, or GELU (tanh
+     * form) when gelu; both are z * sigmoid(.), computed from exp(-|.|) so nothing overflows. */
+    void (*act_mul)(float *g, const float *u, int n, int gelu);
 } pd_kernels;
 
 extern const pd_kernels pd_kernels_scalar;

@@ -17,6 +17,7 @@
 #if defined(__AVX2__)
 #include "kernels.h"
 #include <immintrin.h>
+#include <math.h>
 #include "exp_avx2.h"
 #include <stddef.h>
 #include <string.h>
@@ -331,6 +332,28 @@ static void attn_scores(const float *q, const void *k, size_t stride, int n, int
     }
 }
 
+/* g = act(g) * u with act(x) = x * sigmoid(z), z = x (SiLU) or the tanh-GELU's 1.5957691216 *
+ * (x + 0.044715 x^3): sigmoid from e = exp(-|z|) (exp256's domain), 1/(1+e) or e/(1+e). */
+static void act_mul(float *g, const float *u, int n, int gelu) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 z = gelu ? _mm256_mul_ps(_mm256_set1_ps(1.5957691216f),
+                                              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x),
+                                                              _mm256_mul_ps(x, x), x))
+                              : x;
+        const __m256 e = exp256(_mm256_or_ps(z, sign));                      /* exp(-|z|) */
+        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 sg = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), z);       /* z < 0: e/(1+e) */
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sg), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        const float x = g[i], z = gelu ? 1.5957691216f * (x + 0.044715f * x * x * x) : x;
+        g[i] = x / (1.0f + expf(-z)) * u[i];
+    }
+}
+
 static float exp_sub(float *x, int n, float shift) {
     const __m256 sh = _mm256_set1_ps(shift);
     __m256 acc = _mm256_setzero_ps();
@@ -382,12 +405,14 @@ const pd_kernels pd_kernels_avx2 = {
     },
     .f32_to_f16 = f32_to_f16,
     .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
+    .act_mul = act_mul,
 };
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels_avxvnni.c, kernels_avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */
 #define PD_AVX2_EXPORT(fn) extern __typeof__(fn) pd_avx2_##fn __attribute__((alias(#fn)));
 PD_AVX2_EXPORT(quantize_q8)
+PD_AVX2_EXPORT(act_mul)
 PD_AVX2_EXPORT(quantize_q8k)
 PD_AVX2_EXPORT(matmul_q8_0)
 PD_AVX2_EXPORT(matmul_f32)

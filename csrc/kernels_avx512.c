@@ -734,6 +734,7 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
 /* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
 void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
 float pd_avx2_exp_sub(float *x, int n, float shift);
+void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
 void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
 
 const pd_kernels pd_kernels_avx512 = {
@@ -751,5 +752,6 @@ const pd_kernels pd_kernels_avx512 = {
     },
     .f32_to_f16 = f32_to_f16,
     .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
+    .act_mul = pd_avx2_act_mul,
 };
 #endif

@@ -253,6 +253,7 @@ R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
 /* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
 void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
 float pd_avx2_exp_sub(float *x, int n, float shift);
+void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
 void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
 
 const pd_kernels pd_kernels_avxvnni = {
@@ -270,5 +271,6 @@ const pd_kernels pd_kernels_avxvnni = {
     },
     .f32_to_f16 = pd_avx2_f32_to_f16,
     .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
+    .act_mul = pd_avx2_act_mul,
 };
 #endif

@@ -280,6 +280,14 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
     }
 }
 
+/* The gated FFN activation (the formulas model.c used: x / (1 + exp(-z))). */
+static void act_mul(float *g, const float *u, int n, int gelu) {
+    for (int i = 0; i < n; i++) {
+        const float x = g[i], z = gelu ? 1.5957691216f * (x + 0.044715f * x * x * x) : x;
+        g[i] = x / (1.0f + expf(-z)) * u[i];
+    }
+}
+
 const pd_kernels pd_kernels_scalar = {
     .name = "scalar",
     .quantize_q8 = quantize_q8,
@@ -293,4 +301,5 @@ const pd_kernels pd_kernels_scalar = {
     },
     .f32_to_f16 = f32_to_f16,
     .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
+    .act_mul = act_mul,
 };

@@ -111,6 +111,8 @@ int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);
 int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n);
 int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k);
 const char *pd_type_name(int type);   /* GGML's name of a type id, "unknown" otherwise */
+/* g[i] = act(g[i]) * u[i] (SiLU, or tanh-GELU when gelu), the gated FFN activation. */
+int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu);
 int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
 

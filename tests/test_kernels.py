@@ -737,3 +737,25 @@ def test_repack_skipped_when_memory_is_short(smollm_path, monkeypatch, caplog):
         with pydecode.Model(smollm_path, n_ctx=64, n_threads=1) as m:
             assert m.repacked == [] and m.repacked_bytes == 0 and not m.repack
     assert "not enough free memory to repack" in caplog.text
+
+
+# ---------------------------------------------------------------- the gated FFN activation
+
+
+@pytest.mark.parametrize("gelu", [0, 1], ids=["silu", "gelu"])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1536])
+def test_act_mul_vs_float64(isa, gelu, n):
+    """g = act(g) * u (SiLU, tanh-GELU) on every ISA against float64 numpy, with arguments far
+    past exp's range on both sides (no overflow, no NaN) and signed zeros."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    x[:min(n, 8)] = [0.0, -0.0, 100.0, -100.0, 88.5, -88.5, 1e-8, -30.0][:min(n, 8)]
+    u = rng.standard_normal(n).astype(np.float32)
+    xd = x.astype(np.float64)
+    z = 1.5957691216 * (xd + 0.044715 * xd ** 3) if gelu else xd
+    with np.errstate(over="ignore"):
+        want = xd / (1 + np.exp(-z)) * u
+    g = x.copy()
+    assert lib.pd_kernel_act_mul(isa.encode(), ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u), n, gelu) == 0
+    assert np.isfinite(g).all()
+    assert (np.abs(g - want) <= 1e-5 * np.abs(want) + 1e-6 * np.abs(u)).all()
