@@ -264,6 +264,10 @@ Q_MATMUL(matmul_q5_1, T_Q5_1)
  * to all 16 lanes at once: d*dx with one vmulps, the minimum or offset term with one fmadd.
  * The unpacked weights (8 registers a block) serve up to 8 columns. A lane's arithmetic does
  * not depend on the columns beside it or on the tile; pd_scalar_matmul_r16 is its plain-C twin. */
+/* acc += dpbusd(u, the 4 bytes at p broadcast to every lane), the broadcast folded into the
+ * instruction's memory operand ({1to16}): GCC otherwise issues a separate vpbroadcastd. */
+#define DPBUSD_BCAST(acc, u, p) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)(p)))
+
 AI void tile_r16(int RT, int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = pd_r16_bytes(RT);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
@@ -303,15 +307,11 @@ AI void tile_r16(int RT, int C, int nb, const char *w, const char *x, size_t xs,
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(ld32(xb->qs)));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(ld32(xb->qs + 16)));
-#pragma GCC unroll 3
-            for (int g = 1; g < 4; g++) {
-                s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(ld32(xb->qs + 4 * g)));
-                s1 = _mm512_dpbusd_epi32(s1, u[g + 4], _mm512_set1_epi32(ld32(xb->qs + 16 + 4 * g)));
-            }
+            __m512i s0 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) DPBUSD_BCAST(s0, u[h], xb->qs + 4 * h);
             const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), sc, acc[c]);
             acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), acc[c]);
         }
     }
