@@ -300,12 +300,12 @@ def format_concurrency(rows: list[dict]) -> str:
                    f"{r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['ttft_p50_ms']:.1f} | "
                    f"{r['weight_bytes_per_token'] / 1e6:.1f} |")
     for t in sorted({r["threads"] for r in rows}):
-        mine = [r for r in rows if r["threads"] == t]
-        lo, hi = min(mine, key=lambda r: r["concurrency"]), max(mine, key=lambda r: r["concurrency"])
-        if hi["concurrency"] > lo["concurrency"] and lo["tokens_per_s"] > 0:
-            out.append(f"{t} thread(s): aggregate t/s at concurrency {hi['concurrency']} / concurrency "
-                       f"{lo['concurrency']}: {hi['tokens_per_s'] / lo['tokens_per_s']:.2f}x "
-                       f"(ITL p95 at {hi['concurrency']}: {hi['itl_p95_ms']:.2f} ms; {hi['reps']} repetition(s))")
+        mine = sorted((r for r in rows if r["threads"] == t), key=lambda r: r["concurrency"])
+        lo = mine[0]
+        if len(mine) > 1 and lo["tokens_per_s"] > 0:
+            out.append(f"{t} thread(s), aggregate t/s against concurrency {lo['concurrency']}: " + ", ".join(
+                f"{r['concurrency']}: {r['tokens_per_s'] / lo['tokens_per_s']:.2f}x (ITL p95 {r['itl_p95_ms']:.2f} ms)"
+                for r in mine[1:]) + f"; {lo['reps']} repetition(s), levels in turns")
     if rows:
         rb = rows[0].get("repacked_bytes", 0)
         out.append(f"kernels: {rows[0]['isa']}; " + (f"weights repacked at load: {rb / 1e6:.1f} MB beyond the mapped file"
