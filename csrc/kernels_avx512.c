@@ -341,16 +341,7 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
     }
 }
 
-#define R16_MATMUL(name, RT)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,     \
-                     int ncols, float *y, size_t ys) {                                          \
-        matmul_r16(RT, k, w, ws, nrows, x, xs, ncols, y, ys);                                   \
-    }
-R16_MATMUL(matmul_q4_0_r16, PD_Q4_0_R16)
-R16_MATMUL(matmul_q4_1_r16, PD_Q4_1_R16)
-R16_MATMUL(matmul_q5_0_r16, PD_Q5_0_R16)
-R16_MATMUL(matmul_q5_1_r16, PD_Q5_1_R16)
-R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
+PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (x86_common.h) */
 
 /* Q8_0 prefill: a register holds block b of two ROWS (row 2p in the low half, 2p + 1 in the
  * high half) against the column's block b in both halves. Each half then accumulates its row

@@ -239,16 +239,7 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
     }
 }
 
-#define R16_MATMUL(name, RT)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,     \
-                     int ncols, float *y, size_t ys) {                                          \
-        matmul_r16(RT, k, w, ws, nrows, x, xs, ncols, y, ys);                                   \
-    }
-R16_MATMUL(matmul_q4_0_r16, PD_Q4_0_R16)
-R16_MATMUL(matmul_q4_1_r16, PD_Q4_1_R16)
-R16_MATMUL(matmul_q5_0_r16, PD_Q5_0_R16)
-R16_MATMUL(matmul_q5_1_r16, PD_Q5_1_R16)
-R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
+PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (x86_common.h) */
 
 /* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
 void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);

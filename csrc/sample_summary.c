@@ -1,24 +1,11 @@
 /* The sampling summary of summary.h: folding chunks of hot logits, and the draw from it. */
 #include "summary.h"
+#include "fkey.h"
 #include "pydecode.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Order-preserving 32-bit key of a float (-0 == +0), and back. */
-static inline uint32_t fkey(float f) {
-    uint32_t u;
-    f = f == 0.0f ? 0.0f : f;
-    memcpy(&u, &f, 4);
-    return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
-static inline float fkey_inv(uint32_t k) {
-    uint32_t u = k & 0x80000000u ? k & 0x7fffffffu : ~k;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* (value descending, id ascending) as one ascending 64-bit key. */
 static inline uint64_t rank_key(float v, int32_t id) { return (uint64_t)(~fkey(v)) << 32 | (uint32_t)id; }

@@ -2,6 +2,7 @@
  * these keep a step's sampling cost far below the forward pass even on a 262k-token vocabulary.
  * Portable C; the exp-sum has an AVX2 twin in sampling_avx2.c (picked at run time). */
 #include "pydecode.h"
+#include "fkey.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -35,17 +36,32 @@ static double sum_exp_scalar(const float *x, int n, float scale, float shift) {
     return s;
 }
 
-double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift) {
+/* Which twin of a vocabulary pass runs: isa NULL means the best this build and CPU have;
+ * "avx512" / "avx2" / "scalar" ask for one (an unavailable one falls back to the next best). */
+enum { PASS_SCALAR, PASS_AVX2, PASS_AVX512 };
+static int pass_isa(const char *isa) {
 #if defined(PD_HAVE_AVX512)
     if ((!isa || strcmp(isa, "avx512") == 0) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-        return pd_sum_exp_avx512(x, n, scale, shift);
+        return PASS_AVX512;
 #endif
 #if defined(PD_HAVE_AVX2)
     if (!(isa && strcmp(isa, "scalar") == 0) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return pd_sum_exp_avx2(x, n, scale, shift);
+        return PASS_AVX2;
 #endif
     (void)isa;
-    return sum_exp_scalar(x, n, scale, shift);
+    return PASS_SCALAR;
+}
+
+double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift) {
+    switch (pass_isa(isa)) {
+#if defined(PD_HAVE_AVX512)
+    case PASS_AVX512: return pd_sum_exp_avx512(x, n, scale, shift);
+#endif
+#if defined(PD_HAVE_AVX2)
+    case PASS_AVX2: return pd_sum_exp_avx2(x, n, scale, shift);
+#endif
+    default: return sum_exp_scalar(x, n, scale, shift);
+    }
 }
 
 static int collect_above_scalar(const float *x, int n, float t, int32_t *out) {
@@ -62,16 +78,15 @@ static int collect_above_scalar(const float *x, int n, float t, int32_t *out) {
 /* The ids i (ascending) with x[i] > t, into out (room for n + 16); returns how many. top-k's
  * pass over the whole vocabulary: SIMD where the CPU has it (isa as for pd_sum_exp). */
 int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out) {
+    switch (pass_isa(isa)) {
 #if defined(PD_HAVE_AVX512)
-    if ((!isa || strcmp(isa, "avx512") == 0) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-        return pd_collect_above_avx512(x, n, t, out);
+    case PASS_AVX512: return pd_collect_above_avx512(x, n, t, out);
 #endif
 #if defined(PD_HAVE_AVX2)
-    if (!(isa && strcmp(isa, "scalar") == 0) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return pd_collect_above_avx2(x, n, t, out);
+    case PASS_AVX2: return pd_collect_above_avx2(x, n, t, out);
 #endif
-    (void)isa;
-    return collect_above_scalar(x, n, t, out);
+    default: return collect_above_scalar(x, n, t, out);
+    }
 }
 
 /* min-heap of (value, id) on the k best seen so far; ties keep the lower id (deterministic) */
@@ -101,14 +116,6 @@ static void heap_top_k(const float *x, const int32_t *idx, int n, int k, int32_t
         sift_down(vals, ids, k, 0);
         floor = vals[0];
     }
-}
-
-/* Order-preserving map of a float to 32 bits (larger float -> larger key). */
-static inline uint32_t fkey(float f) {
-    uint32_t u;
-    f = f == 0.0f ? 0.0f : f;   /* -0 == +0, as the comparisons elsewhere see them */
-    memcpy(&u, &f, 4);
-    return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
 /* Per-thread scratch that outlives a call: a fresh malloc of a vocabulary-sized buffer each

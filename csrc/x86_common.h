@@ -166,4 +166,18 @@ AI __m128i scales_q3k(const char *s) {
     const __m128i hi = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
+/* The table entries of the 16-row repacked formats (kernels.h: PD_*_R16), one per format, over
+ * the matmul_r16(RT, ...) that each ISA file defines before using this. */
+#define PD_R16_MATMUL(name, RT)                                                                  \
+    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,     \
+                     int ncols, float *y, size_t ys) {                                          \
+        matmul_r16(RT, k, w, ws, nrows, x, xs, ncols, y, ys);                                   \
+    }
+#define PD_R16_MATMULS                                                                           \
+    PD_R16_MATMUL(matmul_q4_0_r16, PD_Q4_0_R16)                                                 \
+    PD_R16_MATMUL(matmul_q4_1_r16, PD_Q4_1_R16)                                                 \
+    PD_R16_MATMUL(matmul_q5_0_r16, PD_Q5_0_R16)                                                 \
+    PD_R16_MATMUL(matmul_q5_1_r16, PD_Q5_1_R16)                                                 \
+    PD_R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
+
 #endif
