@@ -121,6 +121,13 @@ float pd_max_f32(const float *x, int n);
 double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift);
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals);
 int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out);
+/* The mapped model file's guard (mapguard.c): within [base, base + len) a SIGBUS (the file was
+ * truncated under the mapping) maps a zero page instead of killing the process, and is counted.
+ * pd_guard_range returns an id >= 0 (negative: not available here); pd_guard_faults(id) counts
+ * the faults so far; pd_unguard_range releases the id. */
+int pd_guard_range(const void *base, size_t len);
+void pd_unguard_range(int id);
+long pd_guard_faults(int id);
 /* Read bandwidth in GB/s (best of reps) streaming a buffer of `bytes` with n_threads (bandwidth.c). */
 double pd_probe_read_bandwidth(size_t bytes, int n_threads, int reps);
 

@@ -13,11 +13,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .engine import Engine, Handle  # noqa: E402
-from .errors import ContextFullError, ModelError, PydecodeError, QueueFullError  # noqa: E402
+from .errors import (ContextFullError, ModelClosedError, ModelError, ModelFileChangedError,  # noqa: E402
+                     PydecodeError, QueueFullError)
 from .generation import Completion, Piece, Stats  # noqa: E402
 from .llm import LLM, load  # noqa: E402
 from .model import Model  # noqa: E402
 
 __all__ = ["load", "LLM", "Model", "Engine", "Handle", "Completion", "Piece", "Stats", "ModelError",
-           "ContextFullError", "QueueFullError", "PydecodeError"]
+           "ModelFileChangedError", "ModelClosedError", "ContextFullError", "QueueFullError", "PydecodeError"]
 __version__ = "0.1.0"

@@ -23,6 +23,7 @@ COMMON_SOURCES = [
     "csrc/sampling.c",
     "csrc/sample_summary.c",
     "csrc/bandwidth.c",
+    "csrc/mapguard.c",
 ]
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 LINK_FLAGS = ["-pthread", "-lm"]

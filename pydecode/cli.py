@@ -47,6 +47,12 @@ def _fail(e: Exception, code: int = 1):
 @click.version_option(package_name="pydecode")
 def main():
     """pydecode: run GGUF language models fast on a CPU."""
+    # SIGTERM (a `kill`, a service manager) ends the command like Ctrl-C would a script: cleanly,
+    # through every `finally`, so a download leaves no temporary files and no pip behind.
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    except ValueError:   # not the main thread (an embedding test runner)
+        pass
 
 
 _model_opt = click.option("-m", "--model", default=DEFAULT_MODEL, show_default=True,
@@ -75,7 +81,7 @@ def _sampling_options(f):
                      help="Subtract this from every token present in the window (0 = off)."),
         click.option("--repeat-last-n", type=click.IntRange(min=0), default=64, show_default=True,
                      help="The penalty window, in tokens."),
-        click.option("--seed", type=int, default=None, help="Seed for a reproducible draw."),
+        click.option("--seed", type=int, default=None, help="Seed for a reproducible draw (-1: random)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -243,6 +249,12 @@ class ChatSession:
         n_ctx = self.llm.n_ctx
         room = max(1, min(self.max_tokens, n_ctx // 2))
         first = 1 if self.system else 0
+        # First whether the new message fits at all (with the system prompt): if not, nothing
+        # is dropped and the caller takes the message back, so the history stays as it was.
+        n = self.prompt_tokens(self.history[:first] + self.history[-1:])
+        if n >= n_ctx:
+            raise ContextFullError(f"the message takes {n} tokens with the template, but the context "
+                                   f"holds {n_ctx} (see -c/--ctx); the conversation is kept as it was")
         n_before = len(self.history)
         while True:
             n = self.prompt_tokens()
@@ -605,7 +617,7 @@ def bench(model, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, conc
 def list_models():
     """Models in the registry (and whether they are downloaded)."""
     for m in registry.list_models():
-        mark = "downloaded" if m["cached"] else "not downloaded"
+        mark = m["status"] if m["status"] != "changed on disk" else "changed on disk: re-verified at next use"
         click.echo(f"{m['name']:22s} {m['size'] / 1e6:8.1f} MB  {m['arch']:8s} {m['quant']:8s} [{mark}]  {m['description']}")
 
 

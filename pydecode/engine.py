@@ -1,16 +1,25 @@
-"""Many answers at once: continuous batching over the sequence slots of one Model.
+"""Every generation of an LLM: continuous batching over the sequence slots of one Model.
 
-Each step is ONE `Model.batch_step` call, so every weight is read once for all sequences: the
-next token of every decoding sequence (one token each) plus chunks of newly admitted prompts
-filling the rest of the step's n_batch tokens (chunked prefill: a long prompt shares steps with
-the others' decodes instead of freezing them). Requests wait FIFO beyond the slot cap and join
-between steps; finished or cancelled ones leave at once and free their slot. What happens to each
-sampled token (sampling, stops, detokenizing, logprobs) is generation.TokenPolicy, one per
-sequence: the same code a single Generation runs.
+Each step is ONE model call, so every weight is read once for all sequences: the next token of
+every decoding sequence (one token each) plus chunks of newly admitted prompts filling the rest
+of the step's n_batch tokens (chunked prefill: a long prompt shares steps with the others'
+decodes instead of freezing them, and a cancel or Ctrl-C waits for one chunk at most). A step
+of one sequence's one token is `Model.decode_step`; any other is `Model.batch_step`. Requests
+wait FIFO beyond the slot cap and join between steps; finished or cancelled ones leave at once
+and free their slot. What happens to each sampled token (sampling, stops, detokenizing,
+logprobs) is generation.TokenPolicy, one per sequence.
+
+Slots are leased from the model's SlotLedger (pydecode/slots.py), which also remembers what
+each slot's cache holds, so a new request takes the free slot sharing the longest prefix with
+its prompt and prefills only the rest.
 
 Threads: submit() and cancel() may be called from any thread. Either a driver thread steps
 (start()/stop(), or `with engine:`), or, while none runs, whoever waits on a handle (iterating it,
 result()) steps the whole batch itself; the pieces of other handles queue up for their consumers.
+The driver holds the engine only weakly: an engine (and its LLM and model) that nobody else
+references is freed, and its driver ends. close() cancels every request and waits for the step
+in flight. A KeyboardInterrupt in a thread waiting on a handle ends that handle's request
+(finish_reason "cancelled", its partial result kept) and reaches the caller.
 """
 from __future__ import annotations
 
@@ -22,8 +31,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import QueueFullError
-from .generation import Completion, Piece, Stats, TokenPolicy, reusable_prefix, ring_extra
+from .errors import ModelClosedError, QueueFullError
+from .generation import Completion, Piece, Stats, TokenPolicy, prompt_ids
 from .model import Model, _is_int
 from .sampling import SamplingParams
 
@@ -32,7 +41,7 @@ _END = object()   # _wait's answer for "the sequence has ended"
 
 class _Seq:
     """One request's state. The engine holds these; the user holds a Handle (when it is dropped
-    unfinished, the sequence is cancelled)."""
+    unfinished, the sequence is cancelled and its slot freed)."""
 
     def __init__(self, prompt: list[int], policy: TokenPolicy):
         self.prompt, self.policy = prompt, policy
@@ -42,27 +51,42 @@ class _Seq:
         self.done = False
         self.error: BaseException | None = None
         self.cancelled = False
+        self.cancel_detail = "cancel()"
         self.t_admit = self.t_last = 0.0
 
-    @staticmethod
-    def abandon(s: "_Seq") -> None:
-        s.cancelled = True                     # no lock: a finalizer may run inside a locked section
+
+def _abandon(engine_ref, s: _Seq) -> None:
+    """A Handle's finalizer: cancels its unfinished request and, when the engine is free to,
+    retires it at once (so its slot does not wait for the next step). Never blocks: it may run
+    inside any code of any thread, including the engine's own."""
+    if s.done:
+        return
+    s.cancelled, s.cancel_detail = True, "abandoned (its handle was dropped)"
+    eng = engine_ref()
+    if eng is None or not eng._cond.acquire(blocking=False):
+        return                                 # the next step reaps it
+    try:
+        if eng._stepper is None:
+            eng._reap()
+        eng._cond.notify_all()
+    finally:
+        eng._cond.release()
 
 
 class Handle:
-    """One submitted request: an iterator of Pieces (like Generation), `.completion` once it has
-    ended, `.result()` to wait for it, `.cancel()`."""
+    """One submitted request: an iterator of Pieces, `.completion` once it has ended, `.result()`
+    to wait for it, `.cancel()`. Dropping an unfinished handle cancels its request."""
 
     def __init__(self, engine: "Engine", seq: _Seq):
         self._engine, self._s = engine, seq
-        weakref.finalize(self, _Seq.abandon, seq)
+        weakref.finalize(self, _abandon, weakref.ref(engine), seq)
 
     def __iter__(self) -> Iterator[Piece]:
         return self
 
     def __next__(self) -> Piece:
         s = self._s
-        got = self._engine._wait(lambda: s.pieces.popleft() if s.pieces else (_END if s.done else None))
+        got = self._engine._wait(s, lambda: s.pieces.popleft() if s.pieces else (_END if s.done else None))
         if got is not _END:
             return got
         if s.error is not None:
@@ -73,7 +97,7 @@ class Handle:
         """Blocks until the request has ended (TimeoutError after `timeout` seconds) and returns
         its Completion; raises the error that ended it, if one did."""
         s = self._s
-        self._engine._wait(lambda: _END if s.done else None, timeout)
+        self._engine._wait(s, lambda: _END if s.done else None, timeout)
         if s.error is not None:
             raise s.error
         return s.policy.completion
@@ -81,14 +105,7 @@ class Handle:
     def cancel(self) -> None:
         """Ends the request at the next step boundary (now, if no step is running), keeping what
         it produced; its slot is freed at once."""
-        eng, s = self._engine, self._s
-        with eng._cond:
-            if s.done:
-                return
-            s.cancelled = True
-            if not eng._stepping:              # between steps already: end it now
-                eng._reap()
-            eng._cond.notify_all()
+        self._engine._cancel(self._s, "cancel()")
 
     close = cancel
 
@@ -98,8 +115,14 @@ class Handle:
 
     @property
     def completion(self) -> Completion | None:
-        """The result once it has ended (None before, or when an error ended it)."""
+        """The result once it has ended: what it produced, with its finish_reason (None before;
+        after an error, the part produced before it, finish_reason "cancelled")."""
         return self._s.policy.completion if self._s.done else None
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that ended the request, if one did."""
+        return self._s.error
 
     @property
     def stats(self) -> Stats:
@@ -124,9 +147,13 @@ class Engine:
 
     max_seqs: sequences decoded together (default: the model's n_seq, at most its n_batch);
     max_queue: requests that may wait beyond them (default: unbounded; submit raises
-    QueueFullError when full); prefill_chunk: most prompt tokens one step takes (default: the
-    model's n_batch; smaller keeps the other streams' inter-token latency lower while a long
-    prompt is prefilled). Do not drive the same model's slots with other calls meanwhile."""
+    QueueFullError when full); prefill_chunk: most prompt tokens one step takes (default: as many
+    as take about PREFILL_STEP_S on this machine, measured as prompts run, within 16..n_batch;
+    smaller keeps the other streams' inter-token latency lower while a long prompt is
+    prefilled, and bounds how long a cancel or Ctrl-C waits). How a prompt is cut into chunks
+    never changes the results: the C core computes each position exactly as in one block."""
+
+    PREFILL_STEP_S = 0.25
 
     def __init__(self, model: Model, max_seqs: int | None = None, max_queue: int | None = None,
                  prefill_chunk: int | None = None):
@@ -137,22 +164,23 @@ class Engine:
             raise ValueError(f"max_seqs={n} exceeds the model's n_batch={model.n_batch} (tokens per step)")
         if max_queue is not None and (not _is_int(max_queue) or max_queue < 0):
             raise ValueError(f"max_queue must be an integer >= 0 or None, got {max_queue!r}")
-        chunk = model.n_batch if prefill_chunk is None else prefill_chunk
-        if not _is_int(chunk) or not 1 <= chunk <= model.n_batch:
+        if prefill_chunk is not None and (not _is_int(prefill_chunk) or not 1 <= prefill_chunk <= model.n_batch):
             raise ValueError(f"prefill_chunk must be an integer in 1..{model.n_batch} (n_batch), got {prefill_chunk!r}")
-        self.model, self.max_seqs, self.max_queue, self.prefill_chunk = model, n, max_queue, chunk
-        self._cond = threading.Condition()
+        self.model, self.max_seqs, self.max_queue, self.prefill_chunk = model, n, max_queue, prefill_chunk
+        self._s_per_token: float | None = None   # measured step time per token, for the adaptive chunk
+        # A plain lock: a finalizer's non-blocking acquire (see _abandon) never re-enters it.
+        self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Seq] = deque()
         self._active: list[_Seq] = []          # in admission order
-        self._free = list(range(n))
         self._logits_buf = None   # batch_step's output, reused step after step (rows are read within the step)
-        self._held: list[list[int]] = [[] for _ in range(n)]   # what each slot's cache holds: prefix reuse
-        self._stepping = False                 # a thread is inside a step
+        self._stepper: int | None = None       # the thread inside a step (its ident), None between steps
         self._driving = False                  # a driver thread runs: consumers only wait
         self._stop_req = False
+        self._closed = False
         self._thread: threading.Thread | None = None
-        self._elem = 2 if model.kv_type == "f16" else 4
-        self._ring = ring_extra(model)
+        self._summ = 0.0                       # the model's sampling-summary setting, as last set here
+        # Leases still held when the engine is dropped go back to the model's ledger.
+        weakref.finalize(self, _release_leases, model.slots, self._active)
 
     # ---- requests ----
 
@@ -162,29 +190,53 @@ class Engine:
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
         parameter is checked here, so a bad one raises now, never inside a step."""
         m = self.model
-        ids = m.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < m.n_vocab]
-        if bad:   # caught here: inside a step it would fail every sequence of that step
-            raise ValueError(f"token id {bad[0]} in the prompt is outside the vocabulary (0..{m.n_vocab - 1})")
+        if self._closed:
+            raise ModelClosedError("the engine is closed")
+        m.check_file()
+        ids = prompt_ids(m.tokenizer, prompt, m.n_vocab)
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, SamplingParams(**sampling),
                              stop=stop, logprobs=logprobs)
         s = _Seq(ids, policy)
         with self._cond:
+            if self._closed:
+                raise ModelClosedError("the engine is closed")
             # Queued requests that free slots will take at the next step are not waiting.
-            if self.max_queue is not None and len(self._queue) - len(self._free) >= self.max_queue:
+            free = self.max_seqs - len(self._active)
+            if self.max_queue is not None and len(self._queue) - free >= self.max_queue:
                 raise QueueFullError(f"the queue is full: {self.max_queue} requests already wait for one of "
                                      f"{self.max_seqs} sequence slots (max_queue={self.max_queue})")
             self._queue.append(s)
             self._cond.notify_all()
         return Handle(self, s)
 
+    def _cancel(self, s: _Seq, detail: str) -> None:
+        if s.done:
+            return
+        s.cancel_detail, s.cancelled = detail, True
+        # cancel() may come from a signal handler (Ctrl-C in the CLI) that interrupted this very
+        # thread inside the lock: then the flag alone does it, at the next step boundary.
+        if not self._cond.acquire(timeout=0.1):
+            return
+        try:
+            if self._stepper is None and not s.done:   # between steps already: end it now
+                self._reap()
+            self._cond.notify_all()
+        finally:
+            self._cond.release()
+
     @property
     def n_active(self) -> int:
-        return len(self._active)
+        with self._cond:
+            if self._stepper is None:
+                self._reap()
+            return len(self._active)
 
     @property
     def n_queued(self) -> int:
-        return len(self._queue)
+        with self._cond:
+            if self._stepper is None:
+                self._reap()
+            return len(self._queue)
 
     @property
     def kv_bytes_reserved(self) -> int:
@@ -196,8 +248,9 @@ class Engine:
         """KV bytes the active sequences fill: their positions x per-position bytes, layer by
         layer, sliding-window layers capped at their ring (ArchConfig.kv_bytes)."""
         c, nb = self.model.config, self.model.n_batch
+        elem = 2 if self.model.kv_type == "f16" else 4
         with self._cond:
-            return sum(c.kv_bytes(len(s.kv), self._elem, ring_extra=nb) for s in self._active)
+            return sum(c.kv_bytes(len(s.kv), elem, ring_extra=nb) for s in self._active)
 
     # ---- stepping ----
 
@@ -206,34 +259,49 @@ class Engine:
         tokens it ran (0: nothing to do). An error in it ends the sequences it carried: their
         handles raise it."""
         with self._cond:
-            while self._stepping:
+            while self._stepper is not None:
                 self._cond.wait()
-            plan = self._claim()
-        self._execute(plan)
-        return len(plan[0])
+        return self._step_once()
 
-    def _claim(self):
-        """Under the lock, no step running: marks one as running and lays it out."""
-        self._stepping = True
+    def _step_once(self) -> int:
+        """Claims the step, plans and executes it; 0 when another thread is stepping or there
+        is nothing to do. Whatever interrupts it, the step is released and its results
+        published (see _execute)."""
+        me = threading.get_ident()
         try:
-            return self._plan()
-        except BaseException:
-            self._stepping = False
-            self._cond.notify_all()
-            raise
+            with self._cond:
+                if self._stepper is not None or self._closed:
+                    return 0
+                self._stepper = me
+                plan = self._plan()
+            self._execute(plan)
+            return len(plan[0])
+        finally:
+            if self._stepper == me:            # only this thread sets it to its own ident
+                with self._cond:
+                    self._stepper = None
+                    self._cond.notify_all()
 
     def _plan(self):
-        """Reaps cancellations, admits queued requests FIFO into free slots, and lays out the
-        step: decodes first (one token each), then prompt chunks in admission order, so the
-        earliest admitted prompt is served first and none starves."""
+        """Under the lock: reaps cancellations, admits queued requests FIFO into free slots, and
+        lays out the step: decodes first (one token each), then prompt chunks in admission order,
+        so the earliest admitted prompt is served first and none starves."""
         self._reap()
-        while self._queue and self._free:
-            s = self._queue.popleft()
-            s.slot, n = self._pick_slot(s.prompt)
+        ledger = self.model.slots
+        while self._queue and len(self._active) < self.max_seqs:
+            s = self._queue[0]
+            if s in self._active:            # an interrupt landed between the two lines below
+                self._queue.popleft()
+                continue
+            got = ledger.lease(s.prompt, s)  # the same slot again if s already holds one
+            if got is None:   # the other slots are leased elsewhere (another Engine on this model)
+                break
+            s.slot, n = got
             s.kv = s.prompt[:n]
             s.policy.stats.cached_tokens = n
             s.t_admit = time.perf_counter()
             self._active.append(s)
+            self._queue.popleft()
         tokens, pos, slots, out, items = [], [], [], [], []   # items: (seq, its tokens, logits row)
 
         def add(s, toks, want_logits):
@@ -248,7 +316,7 @@ class Engine:
             if len(s.kv) >= len(s.prompt):   # decoding: the token it sampled last step
                 add(s, [s.policy.tokens[-1]], True)
         # >= 1 while a prompt is pending: decodes <= max_seqs - 1 <= n_batch - 1.
-        budget = min(self.model.n_batch - len(tokens), self.prefill_chunk)
+        budget = min(self.model.n_batch - len(tokens), self._chunk())
         for s in self._active:
             if budget <= 0:
                 break
@@ -258,37 +326,57 @@ class Engine:
                 budget -= len(toks)
         return tokens, pos, slots, out, items
 
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        """The free slot whose cache holds the longest reusable prefix of the prompt, and its length."""
-        best, best_n = self._free[0], -1
-        for slot in self._free:
-            n = reusable_prefix(self._held[slot], prompt, self._ring)
-            if n > best_n:
-                best, best_n = slot, n
-        self._free.remove(best)
-        return best, best_n
+    def _chunk(self) -> int:
+        """Prompt tokens the next step may take: prefill_chunk, or what takes about
+        PREFILL_STEP_S at the speed measured so far (32 before any measurement)."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        if self._s_per_token is None:
+            return min(32, self.model.n_batch)
+        n = int(self.PREFILL_STEP_S / self._s_per_token) // 16 * 16
+        return max(16, min(self.model.n_batch, n))
+
+    def _model_call(self, tokens, pos, slots, out, items):
+        """The step's one model call; returns its logits rows. With one row of one sequence
+        whose sampler can use it, the step also summarizes the logits for the draw."""
+        m = self.model
+        want = items[0][0].policy.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
+        if want != self._summ:
+            m.set_summary(want)
+            self._summ = want
+        if len(tokens) == 1:
+            s = items[0][0]
+            return (m.decode_step(tokens[0], pos[0], s.slot, lease=s),)
+        if self._logits_buf is None or len(self._logits_buf) < len(out):
+            self._logits_buf = np.empty((max(len(out), self.max_seqs), m.n_vocab), np.float32)
+        return m.batch_step(tokens, pos, slots, out, out=self._logits_buf, lease=self)
 
     def _execute(self, plan) -> None:
         """Outside the lock: the model call, then each sequence's policy step. A sequence's
         state advances only once its part succeeded, so an interrupt leaves the others to redo
-        this step. Results are published under the lock in `finally`."""
+        this step (rewriting the same cache positions). Results are published under the lock in
+        `finally`."""
         tokens, pos, slots, out, items = plan
         results = []   # (seq, pieces, error)
         try:
             if not tokens:
                 return
             try:
-                if self._logits_buf is None or len(self._logits_buf) < len(out):
-                    self._logits_buf = np.empty((max(len(out), self.max_seqs), self.model.n_vocab), np.float32)
-                logits = self.model.batch_step(tokens, pos, slots, out, out=self._logits_buf)
+                t0 = time.perf_counter()
+                logits = self._model_call(tokens, pos, slots, out, items)
+                if len(tokens) >= 16:   # a step with a prompt chunk: its time per token
+                    per = (time.perf_counter() - t0) / len(tokens)
+                    self._s_per_token = per if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per
             except Exception as e:
                 results = [(s, [], e) for s, _, _ in items]
                 return
+            summarized = self._summ > 0
             for s, toks, row in items:
                 pieces = []
                 try:
                     if row is not None:
-                        pieces = s.policy.step(logits[row], len(s.kv) + len(toks))
+                        pieces = s.policy.step(logits[row], len(s.kv) + len(toks),
+                                               self.model if summarized else None)
                         now, st = time.perf_counter(), s.policy.stats
                         if s.t_last:
                             st.token_latencies_s.append(now - s.t_last)
@@ -310,56 +398,80 @@ class Engine:
                     s.pieces.extend(pieces)
                     if err is not None or s.policy.completion is not None:
                         self._retire(s, err)
-                self._stepping = False
+                idle = not self._active
                 self._cond.notify_all()
+            if idle and self._summ:   # still inside the step: no other call races it
+                self._summ = 0.0
+                try:
+                    self.model.set_summary(0.0)
+                except Exception:     # closed meanwhile: nothing left to summarize for
+                    pass
 
     def _reap(self) -> None:
-        """Under the lock: ends cancelled requests (active ones free their slot)."""
+        """Under the lock, no step running: ends cancelled requests (active ones free their slot)."""
         for s in [s for s in self._active if s.cancelled] + [s for s in self._queue if s.cancelled]:
-            s.pieces.extend(s.policy.end("cancelled", "cancel()"))
+            s.pieces.extend(s.policy.end("cancelled", s.cancel_detail))
             self._retire(s)
 
     def _retire(self, s: _Seq, error: BaseException | None = None) -> None:
+        if error is not None and s.policy.completion is None:
+            s.policy.abort(f"error: {type(error).__name__}: {error}")
         if s in self._active:
             self._active.remove(s)
-            self._free.append(s.slot)
             # After an error the slot's cache may hold uncommitted writes (a ring may have wrapped).
-            self._held[s.slot] = s.kv if error is None else []
+            self.model.slots.release(s.slot, s, s.kv if error is None else [])
         elif s in self._queue:
             self._queue.remove(s)
         s.error, s.done = error, True
 
-    def _wait(self, take, timeout: float | None = None):
+    def _interrupted(self, s: _Seq) -> None:
+        """A KeyboardInterrupt (or another BaseException) reached the thread waiting on `s`:
+        end `s` now, keeping what it produced, so its slot is free and nothing waits on it."""
+        with self._cond:
+            if not s.done:
+                s.cancelled, s.cancel_detail = True, "KeyboardInterrupt"
+                if self._stepper is None:
+                    self._reap()
+            self._cond.notify_all()
+
+    def _wait(self, s: _Seq, take, timeout: float | None = None):
         """take()'s first answer that is not None (take runs under the lock). While no driver
         thread runs and no other thread is stepping, the caller steps the whole batch itself."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._cond:
-                got = take()
-                if got is not None:
-                    return got
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"the request did not end within {timeout} s")
-                if self._driving or self._stepping:
-                    self._cond.wait(left)
-                    continue
-                plan = self._claim()
-            self._execute(plan)
-            if not plan[0]:
+        try:
+            while True:
                 with self._cond:
-                    if take() is None:   # cannot happen: a pending request always has work
-                        raise RuntimeError("the engine has nothing to run but the request is not done")
+                    got = take()
+                    if got is not None:
+                        return got
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"the request did not end within {timeout} s")
+                    if self._driving or self._stepper is not None:
+                        self._cond.wait(left)
+                        continue
+                if not self._step_once():
+                    with self._cond:   # its slot may be leased elsewhere (another Engine on this model)
+                        if take() is None and self._stepper is None and not self._active:
+                            self._cond.wait(0.01)
+        except TimeoutError:
+            raise
+        except BaseException:
+            self._interrupted(s)
+            raise
 
     # ---- a driver thread ----
 
     def start(self) -> "Engine":
         """Starts a background thread that steps whenever there is work (until stop())."""
         with self._cond:
+            if self._closed:
+                raise ModelClosedError("the engine is closed")
             if self._driving:
                 return self
             self._driving, self._stop_req = True, False
-        self._thread = threading.Thread(target=self._drive, name="pydecode-engine", daemon=True)
+            self._thread = threading.Thread(target=_drive, args=(weakref.ref(self), self._cond),
+                                            name="pydecode-engine", daemon=True)
         self._thread.start()
         return self
 
@@ -369,7 +481,7 @@ class Engine:
             if self._driving:
                 raise RuntimeError("the engine already has a driver")
             self._driving, self._stop_req = True, False
-        self._drive()
+        _drive(weakref.ref(self), self._cond)
 
     def stop(self) -> None:
         """Stops the driver after its current step. Pending requests stay: their consumers (or a
@@ -377,32 +489,71 @@ class Engine:
         with self._cond:
             self._stop_req = True
             self._cond.notify_all()
-        t, self._thread = self._thread, None
+            t, self._thread = self._thread, None
         if t is not None and t is not threading.current_thread():
             t.join()
 
-    def _drive(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while not self._stop_req and (self._stepping or not (self._queue or self._active)):
-                        self._cond.wait()
-                    if self._stop_req:
-                        return
-                    plan = self._claim()
-                self._execute(plan)   # its errors went to the handles of its sequences
-        except BaseException as e:    # a bug: fail every request rather than leave them waiting
-            with self._cond:
-                for s in list(self._active) + list(self._queue):
-                    self._retire(s, e)
-                self._held = [[] for _ in self._held]
-        finally:
-            with self._cond:
-                self._driving = False
-                self._cond.notify_all()
+    def close(self) -> None:
+        """Cancels every request (their handles raise ModelClosedError, keeping what they
+        produced), stops the driver and waits for the step in flight. Idempotent."""
+        with self._cond:
+            if self._stepper == threading.get_ident():
+                raise RuntimeError("close() cannot be called from inside a step")
+            self._closed = True
+            while self._stepper is not None:
+                self._cond.wait()
+            err = ModelClosedError("the model was closed while this request ran")
+            for s in list(self._active) + list(self._queue):
+                s.policy.abort("closed")
+                self._retire(s, err)
+            self._cond.notify_all()
+        self.stop()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> "Engine":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _drive(engine_ref, cond) -> None:
+    """The driver's loop. It holds the engine only while stepping: between steps a dropped
+    engine is freed, and the loop ends at its next look (at most a second later)."""
+    while True:
+        with cond:
+            eng = engine_ref()
+            if eng is None:
+                return
+            if eng._stop_req or eng._closed:
+                eng._driving = False
+                cond.notify_all()
+                return
+            if eng._stepper is not None or not (eng._queue or eng._active):
+                del eng
+                if engine_ref() is not None:
+                    cond.wait(1.0)
+                continue
+        try:
+            eng._step_once()
+        except BaseException as e:   # a bug: fail every request rather than leave them waiting
+            with cond:
+                for s in list(eng._active) + list(eng._queue):
+                    eng._retire(s, e)
+                eng.model.slots.forget_all()
+                eng._driving = False
+                cond.notify_all()
+            return
+        finally:
+            del eng
+
+
+def _release_leases(ledger, active: list) -> None:
+    """An engine's finalizer: slots its unfinished sequences leased go back (their cache content
+    unknown)."""
+    for s in list(active):
+        if s.slot is not None:
+            ledger.release(s.slot, s, [])

@@ -1,12 +1,11 @@
-"""The generation loop: prefill -> (sample -> should_stop -> decode_step)* -> text.
+"""One generation's per-token policy: logits -> sample -> should_stop -> stop strings -> text.
 
-Follow one token: `prefill` fills the KV cache with the prompt and gives the last position's
-logits; `sample` picks a token; `should_stop` decides whether it ends the generation; otherwise
-the incremental detokenizer turns it into text and `decode_step` runs it through every layer,
-appending its K/V (append_kv, in C) and giving the next logits.
-
-The per-token part (sample -> should_stop -> stop strings -> detokenize) is TokenPolicy, shared
-with the batched Engine (pydecode/engine.py); Generation only adds the single-sequence model calls.
+Follow one token: the Engine (pydecode/engine.py) runs the prompt through the model (prefill,
+in chunks) and gets the last position's logits; TokenPolicy.step samples a token (`sample`,
+pydecode/sampling.py), `should_stop` decides whether it ends the generation, the incremental
+detokenizer and the stop-string matcher turn it into text; otherwise the Engine's next step runs
+it through every layer (`Model.decode_step`: append_kv in C, then attention over the cache)
+and hands the next logits back here.
 """
 from __future__ import annotations
 
@@ -14,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .errors import ContextFullError
-from .model import Model
 from .sampling import Sampler, SamplingParams, top_logprobs
 
 
@@ -123,22 +123,37 @@ class StopStrings:
         return out
 
 
-def ring_extra(model) -> int | None:
-    """n_batch when the model has sliding-window layers (their cache is a ring of window + n_batch
-    positions, see ArchConfig.kv_positions), else None."""
-    c = model.config
-    return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
-
-
-def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None) -> int:
-    """How many leading prompt tokens can keep the K/V that a cache holding `cached` has for them:
-    the longest common prefix, less the last prompt token (its logits are needed), and none when
-    a sliding-window ring (ring = ring_extra) no longer holds the window before that prefix's end:
-    it survives only while at most ring + 1 positions were written after it."""
-    n, limit = 0, min(len(cached), len(prompt) - 1)
-    while n < limit and cached[n] == prompt[n]:
-        n += 1
-    return 0 if ring is not None and len(cached) - n > ring else n
+def prompt_ids(tokenizer, prompt, n_vocab: int) -> list[int]:
+    """The token ids of a prompt: a str is tokenized (BOS added when the model wants it); a
+    sequence of ints (numpy integers too) is taken as ids. Anything else is a TypeError, an id
+    outside the vocabulary or text that is not valid Unicode a ValueError, each naming `prompt`."""
+    if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"prompt is not valid text: {e.reason} at index {e.start} "
+                             f"({prompt[e.start:e.end]!r}, a lone surrogate?)") from None
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise TypeError("prompt must be a str or a sequence of token ids, not bytes "
+                        "(decode it first, e.g. prompt.decode('utf-8'))")
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+            raise TypeError(f"prompt must be a str or a 1-D sequence of integer token ids, got an array of "
+                            f"dtype {prompt.dtype} and shape {prompt.shape}")
+        ids = prompt.tolist()
+    elif isinstance(prompt, Sequence):
+        for i, t in enumerate(prompt):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"prompt must be a str or a sequence of token ids (ints); item {i} is "
+                                f"{type(t).__name__} {t!r}")
+        ids = [int(t) for t in prompt]
+    else:
+        raise TypeError(f"prompt must be a str or a sequence of token ids (ints), got {type(prompt).__name__}")
+    for i, t in enumerate(ids):
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"prompt: token id {t} at index {i} is outside the vocabulary (0..{n_vocab - 1})")
+    return ids
 
 
 class TokenPolicy:
@@ -170,11 +185,12 @@ class TokenPolicy:
         self._text: list[str] = []
         self._lps: list | None = [] if logprobs is not None else None
 
-    def step(self, logits: np.ndarray, pos: int) -> list[Piece]:
+    def step(self, logits: np.ndarray, pos: int, summary=None) -> list[Piece]:
         """Chooses the next token from `logits` (pos: where it would be decoded) and returns the
-        pieces to emit now."""
+        pieces to emit now. summary: the Model whose step also summarized these logits for this
+        sampler (see Sampler.summary_inv_t), or None."""
         st = self.stats
-        token = self.sampler.sample(logits, self.recent or ())
+        token = self.sampler.sample(logits, self.recent or (), summary)
         if not self.tokens:
             st.ttft_s = time.perf_counter() - self.t0
         finish = should_stop(token, len(self.tokens) + 1, self.max_tokens, pos, self.n_ctx, self.eog)
@@ -220,81 +236,3 @@ class TokenPolicy:
         if self.completion is None:
             self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,
                                          self._lps)
-
-
-class Generation:
-    """One generation over a Model whose cache holds `cached` tokens from an earlier call.
-    A plain iterator of Pieces; `completion` holds the result once it has ended. It can be
-    abandoned midway (close(), or just dropped) or cancelled: the cache bookkeeping stays right."""
-
-    def __init__(self, model: Model, prompt: list[int], cached: list[int], max_tokens: int,
-                 params: SamplingParams, stop=None, logprobs: int | None = None):
-        self.policy = TokenPolicy(model.tokenizer, model.n_vocab, model.n_ctx, prompt, max_tokens, params,
-                                  stop=stop, logprobs=logprobs)
-        self.model, self.prompt, self.max_tokens, self.params = model, prompt, max_tokens, params
-        n = reusable_prefix(cached, prompt, ring_extra(model)) if cached else 0
-        self.reused = n
-        self.policy.stats.cached_tokens = n
-        self.kv_tokens: list[int] = list(prompt[:n])  # tokens whose K/V the cache holds, in order
-        self._cancelled = False
-        self._it = self._run()
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.policy.tokens
-
-    @property
-    def stats(self) -> Stats:
-        return self.policy.stats
-
-    @property
-    def completion(self) -> Completion | None:
-        return self.policy.completion
-
-    def __iter__(self) -> Iterator[Piece]:
-        return self
-
-    def __next__(self) -> Piece:
-        return next(self._it)
-
-    def cancel(self) -> None:
-        """Ends the generation at the next step boundary, keeping what was produced."""
-        self._cancelled = True
-
-    def close(self) -> None:
-        """Abandons the generation now; `completion` says "cancelled" if it had not ended."""
-        self._it.close()
-        self.policy.finish("cancelled", "abandoned")
-
-    def _run(self) -> Iterator[Piece]:
-        model, pol, st = self.model, self.policy, self.policy.stats
-        pol.sampler.attach(model)   # the model's steps summarize their logits for the sampler
-        try:
-            pol.t0 = t0 = time.perf_counter()
-            logits = model.prefill(self.prompt[self.reused:], pos=self.reused)
-            self.kv_tokens = list(self.prompt)
-            st.positions_computed += len(self.prompt) - self.reused
-            st.prefill_s = time.perf_counter() - t0
-            pos = len(self.prompt)
-            while True:
-                if self._cancelled:
-                    yield from pol.end("cancelled", "cancel()")
-                    return
-                yield from pol.step(logits, pos)
-                if pol.completion is not None:
-                    return
-                t1 = time.perf_counter()
-                logits = model.decode_step(pol.tokens[-1], pos)
-                self.kv_tokens.append(pol.tokens[-1])
-                pos += 1
-                st.positions_computed += 1
-                st.token_latencies_s.append(time.perf_counter() - t1)
-        except KeyboardInterrupt:
-            # Ctrl-C inside a step: end cleanly with what was produced. The cache stays
-            # consistent: kv_tokens only grows after a decode_step has returned.
-            pol.abort("KeyboardInterrupt")
-        except GeneratorExit:
-            pol.abort("abandoned")
-            raise
-        finally:
-            pol.sampler.detach(model)

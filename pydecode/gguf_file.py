@@ -140,8 +140,13 @@ class GGUFFile:
                 self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as e:
                 raise ModelError(f"{self.path}: cannot map model file: {e}") from None
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        # The descriptor stays open: file_state() asks it whether the mapped file (this inode,
+        # even if the path is renamed over) was written to or truncated since.
+        self._fd = fd
+        self._state = (st.st_size, st.st_mtime_ns)
         self.file_size = size
         self.data = np.frombuffer(self._mmap, dtype=np.uint8)
         self._parse(memoryview(self._mmap))
@@ -249,6 +254,13 @@ class GGUFFile:
             return raw.view(np.float16).reshape(rows, t.shape[0])
         return raw.reshape(rows, t.row_bytes)
 
+    def file_state(self) -> tuple[int, int]:
+        """(size, mtime in ns) of the mapped file now; the values at load while it is unchanged."""
+        if self._fd < 0:
+            return self._state
+        st = os.fstat(self._fd)
+        return st.st_size, st.st_mtime_ns
+
     def close(self) -> None:
         """Releases the mapping (only safe once no model uses its pointers)."""
         self.data = None  # type: ignore[assignment]
@@ -256,6 +268,17 @@ class GGUFFile:
             self._mmap.close()
         except BufferError:
             pass  # views still alive: the mapping goes when they do
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     @property
     def path_obj(self) -> Path:

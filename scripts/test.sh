@@ -35,6 +35,7 @@ export LD_PRELOAD="$(${CC:-gcc} -print-file-name=libasan.so) $(${CC:-gcc} -print
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export PYTHONPATH=$SAN PYDECODE_FUZZ_PLAIN=1 PYDECODE_FUZZ_SECONDS=${PYDECODE_SANITIZE_FUZZ_SECONDS:-10}
+export PYDECODE_STRESS_SECONDS=8 PYDECODE_CLOSE_ROUNDS=12
 # Run from the copy: its pydecode (with the sanitized _core) comes first on the path.
 cd "$SAN"
 "$REPO/.venv/bin/python" -c "import pydecode, pydecode._core as c, sys; \
@@ -43,5 +44,6 @@ T=$REPO/tests
 "$REPO/.venv/bin/python" -m pytest -q -p no:cacheprovider -x \
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
   "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
+  "$T/test_lifetimes.py" \
   -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree"
 echo "test.sh: sanitizer stage passed in $((SECONDS - start)) s" >&2

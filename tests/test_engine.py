@@ -144,7 +144,7 @@ def test_cancel_frees_the_slot_for_the_queue(model, ref):
     assert a.done and a.completion.finish_reason == "cancelled" and a.completion.stop_detail == "cancel()"
     assert len(a.completion.tokens) == 2 and "".join(p.text for p in a) == a.completion.text
     eng.step()
-    assert c.slot == a.slot and eng.n_queued == 0
+    assert c.slot is not None and eng.n_queued == 0 and eng.n_active == 2
     b.cancel()
     _check(c.result(TIMEOUT), ref, PROMPTS[2])
     assert b.completion.finish_reason == "cancelled" and eng.n_active == 0
@@ -266,6 +266,7 @@ def test_step_errors_reach_the_handles(model, ref, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(model, "batch_step", broken)
+    monkeypatch.setattr(model, "decode_step", broken)   # a one-token step (a cached prompt's last token)
     a = eng.submit(PROMPTS[0], N)
     with pytest.raises(RuntimeError, match="boom"):
         a.result(TIMEOUT)

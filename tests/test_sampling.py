@@ -7,7 +7,9 @@ binomial standard deviation is at most 0.5/sqrt(N_DRAWS) = 0.007).
 import numpy as np
 import pytest
 
-from pydecode.generation import Generation, StopStrings
+from pydecode.engine import Engine
+from pydecode.generation import StopStrings
+from pydecode.slots import SlotLedger
 from pydecode.sampling import Sampler, SamplingParams, apply_penalties, sample, top_logprobs
 from pydecode.tokenizer import Tokenizer
 
@@ -124,11 +126,15 @@ def test_bad_parameters(kw, name):
 # ---------------- stop conditions on scripted logits ----------------
 
 class ScriptedModel:
-    """Stands in for Model: each step's logits put all mass on the next scripted token."""
+    """Stands in for Model under an Engine: each step's logits put all mass on the next scripted
+    token (one sequence slot)."""
+
+    n_seq, n_batch, kv_type = 1, 256, "f16"
 
     def __init__(self, tokenizer, script, n_ctx=64):
         self.tokenizer, self.script, self.n_ctx = tokenizer, list(script), n_ctx
         self.n_vocab = tokenizer.vocab_size
+        self.slots = SlotLedger(1, None)
         self.steps = 0
 
     def _next(self):
@@ -137,10 +143,16 @@ class ScriptedModel:
         self.steps += 1
         return x
 
-    def prefill(self, tokens, pos=0, all_logits=False):
-        return self._next()
+    def check_file(self):
+        pass
 
-    def decode_step(self, token, pos):
+    def set_summary(self, inv_t):
+        pass
+
+    def batch_step(self, tokens, pos, seq, out_idx, out=None, lease=None):
+        return np.stack([self._next() for _ in out_idx]) if len(out_idx) else np.empty((0, self.n_vocab))
+
+    def decode_step(self, token, pos, seq=0, lease=None):
         return self._next()
 
 
@@ -152,7 +164,7 @@ def tok(smollm_path):
 
 
 def _run(tok, script, max_tokens=50, stop=None, n_ctx=64, cancel_after=None):
-    g = Generation(ScriptedModel(tok, script, n_ctx), tok.encode("Hi"), [], max_tokens, SamplingParams(), stop=stop)
+    g = Engine(ScriptedModel(tok, script, n_ctx)).submit(tok.encode("Hi"), max_tokens, stop=stop)
     pieces = []
     for piece in g:
         pieces.append(piece.text)
@@ -202,7 +214,7 @@ def test_eog_max_tokens_context_and_cancel(tok):
 
 def test_abandoned_stream_is_closed_cleanly(tok):
     word = tok.encode(" yes", add_special=False)[0]
-    g = Generation(ScriptedModel(tok, [word]), tok.encode("Hi"), [], 50, SamplingParams())
+    g = Engine(ScriptedModel(tok, [word])).submit(tok.encode("Hi"), 50)
     next(g), next(g)
     g.close()
     assert g.completion.finish_reason == "cancelled" and len(g.completion.tokens) == 2
@@ -383,11 +395,11 @@ def test_summary_state_and_bad_input(smollm_path):
     llm = pydecode.load(smollm_path, n_ctx=128, n_threads=2)
     a = llm.generate("The capital of France is", **kw)
     llm.model.prefill([1, 2, 3])
-    assert llm.model.sample_summary(40, 1.0, 0.0, 0.5) == -2   # detached after the generation
-    orig = sampling.Sampler.attach
-    sampling.Sampler.attach = lambda self, model: None          # the full pass over the logits
+    assert llm.model.sample_summary(40, 1.0, 0.0, 0.5) == -2   # summary off once the engine is idle
+    orig = sampling.Sampler.summary_inv_t
+    sampling.Sampler.summary_inv_t = property(lambda self: 0.0)    # the full pass over the logits
     try:
         b = pydecode.load(smollm_path, n_ctx=128, n_threads=2).generate("The capital of France is", **kw)
     finally:
-        sampling.Sampler.attach = orig
+        sampling.Sampler.summary_inv_t = orig
     assert a.tokens == b.tokens

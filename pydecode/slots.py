@@ -1,0 +1,95 @@
+"""Who owns each KV cache slot of a Model, and which tokens its cache holds.
+
+A Model's KV cache has n_seq slots. The SlotLedger (one per Model, `model.slots`) is the one
+record of them: a generation leases a slot for its lifetime (the Engine does this for every
+generation of an LLM), and on release says which tokens the slot's cache then holds, so the
+next prompt that shares a prefix with them reuses their K/V instead of recomputing them.
+
+A direct Model call (prefill / decode_step / batch_step without a lease) writes a slot behind
+the ledger's back: it forgets what that slot held, and it is refused while a generation leases
+the slot, so two writers never silently overwrite each other's cache.
+"""
+from __future__ import annotations
+
+import threading
+
+
+def ring_extra(model) -> int | None:
+    """n_batch when the model has sliding-window layers (their cache is a ring of window + n_batch
+    positions, see ArchConfig.kv_positions), else None."""
+    c = model.config
+    return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
+
+
+def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None) -> int:
+    """How many leading prompt tokens can keep the K/V that a cache holding `cached` has for them:
+    the longest common prefix, less the last prompt token (its logits are needed), and none when
+    a sliding-window ring (ring = ring_extra) no longer holds the window before that prefix's end:
+    it survives only while at most ring + 1 positions were written after it."""
+    n, limit = 0, min(len(cached), len(prompt) - 1)
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return 0 if ring is not None and len(cached) - n > ring else n
+
+
+class SlotLedger:
+    """The lease and the held tokens of every KV slot of one model (see the module docstring).
+    Thread-safe; every method is short and never calls the model."""
+
+    def __init__(self, n_seq: int, ring: int | None):
+        # Reentrant: an engine's finalizer (which releases its leases) may run inside any code.
+        self._lock = threading.RLock()
+        self._held: list[list[int]] = [[] for _ in range(n_seq)]
+        self._lessee: list[object | None] = [None] * n_seq
+        self._ring = ring
+
+    @property
+    def n_seq(self) -> int:
+        return len(self._held)
+
+    def lease(self, prompt: list[int], lessee: object) -> tuple[int, int] | None:
+        """Leases the free slot whose cache holds the longest reusable prefix of `prompt`:
+        (slot, reusable tokens), or None when every slot is leased."""
+        with self._lock:
+            for slot, who in enumerate(self._lessee):
+                if who is lessee:       # leased already (an interrupted admission): the same one
+                    return slot, reusable_prefix(self._held[slot], prompt, self._ring)
+            best, best_n = None, -1
+            for slot, who in enumerate(self._lessee):
+                if who is None:
+                    n = reusable_prefix(self._held[slot], prompt, self._ring)
+                    if n > best_n:
+                        best, best_n = slot, n
+            if best is None:
+                return None
+            self._lessee[best] = lessee
+            return best, best_n
+
+    def release(self, slot: int, lessee: object, held: list[int]) -> None:
+        """Ends a lease; `held` are the tokens whose K/V the slot now holds, in order ([] when
+        unknown, e.g. after an error inside a step)."""
+        with self._lock:
+            if self._lessee[slot] is lessee:
+                self._lessee[slot] = None
+                self._held[slot] = list(held)
+
+    def direct_write(self, slot: int) -> None:
+        """A write into `slot` by a direct Model call: refused while a generation leases it;
+        otherwise the slot's record is forgotten (the caller decides what it holds now)."""
+        with self._lock:
+            if self._lessee[slot] is not None:
+                raise RuntimeError(f"sequence slot {slot} is in use by a generation (an Engine leases it); "
+                                   f"finish or cancel that generation before writing the slot directly")
+            self._held[slot] = []
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._held = [[] for _ in self._held]
+
+    def n_leased(self) -> int:
+        with self._lock:
+            return sum(who is not None for who in self._lessee)
+
+    def held(self, slot: int) -> list[int]:
+        with self._lock:
+            return list(self._held[slot])
