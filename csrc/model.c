@@ -751,6 +751,33 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
 }
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
+
+/* More sequence slots: each layer's cache [n_seq][cap][kvd] grows at its end, so the slots it
+ * had keep their contents in place (realloc; the new slots' rows are written before any read).
+ * Not during a step. On failure the model is unchanged for use (some layers may have room to
+ * spare) and the error says so. */
+int pd_model_grow_seq(pd_model *m, int n_seq) {
+    if (!m) return PD_EINVAL;
+    if (n_seq <= m->c.n_seq) return PD_OK;
+    const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim;
+    int32_t *next = realloc(m->seq_next, (size_t)n_seq * sizeof(int32_t));
+    if (!next) return set_err(m->err, sizeof m->err, "out of memory growing to %d sequence slots", n_seq);
+    m->seq_next = next;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        size_t bytes = (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+        void *k = realloc(m->kc[l], bytes);
+        if (!k) return set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
+        m->kc[l] = k;
+        void *v = realloc(m->vc[l], bytes);
+        if (!v) return set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
+        m->vc[l] = v;
+    }
+    size_t total = 0;
+    for (int l = 0; l < m->c.n_layer; l++) total += 2 * (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+    m->kv_bytes = total;
+    m->c.n_seq = n_seq;
+    return PD_OK;
+}
 int pd_model_set_summary(pd_model *m, float inv_t) {
     if (!m) return PD_EINVAL;
     if (!(inv_t >= 0.0f) || isinf(inv_t)) return set_err(m->err, sizeof m->err, "summary inv_t must be finite and >= 0");

@@ -69,6 +69,9 @@ size_t pd_model_kv_bytes(const pd_model *m);
 int pd_model_kv_cap(const pd_model *m, int layer);
 int pd_model_kv_elem_bytes(const pd_model *m);
 int pd_model_n_seq(const pd_model *m);
+/* Grows the KV cache to n_seq sequence slots, keeping the existing slots' contents (not during
+ * a step); PD_OK, or an error with the model unchanged for use. */
+int pd_model_grow_seq(pd_model *m, int n_seq);
 /* Weights repacked at load into a faster layout (pd_model_new): how many tensors, their bytes
  * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
 int pd_model_n_repacked(const pd_model *m);

@@ -52,6 +52,7 @@ class _Seq:
         self.error: BaseException | None = None
         self.cancelled = False
         self.cancel_detail = "cancel()"
+        self.on_prefill = None                 # callable(done, total) after each prompt chunk
         self.t_admit = self.t_last = 0.0
 
 
@@ -167,6 +168,7 @@ class Engine:
         if prefill_chunk is not None and (not _is_int(prefill_chunk) or not 1 <= prefill_chunk <= model.n_batch):
             raise ValueError(f"prefill_chunk must be an integer in 1..{model.n_batch} (n_batch), got {prefill_chunk!r}")
         self.model, self.max_seqs, self.max_queue, self.prefill_chunk = model, n, max_queue, prefill_chunk
+        self._follows_model = max_seqs is None    # max_seqs grows with the model's slots (grow)
         self._s_per_token: float | None = None   # measured step time per token, for the adaptive chunk
         # A plain lock: a finalizer's non-blocking acquire (see _abandon) never re-enters it.
         self._cond = threading.Condition(threading.Lock())
@@ -185,10 +187,12 @@ class Engine:
     # ---- requests ----
 
     def submit(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
-               logprobs: int | None = None, **sampling) -> Handle:
+               logprobs: int | None = None, on_prefill=None, **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
-        parameter is checked here, so a bad one raises now, never inside a step."""
+        parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
+        called as on_prefill(done, total) after each chunk of the prompt (in the stepping thread;
+        its errors are ignored), e.g. for a progress bar."""
         m = self.model
         if self._closed:
             raise ModelClosedError("the engine is closed")
@@ -197,6 +201,7 @@ class Engine:
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, SamplingParams(**sampling),
                              stop=stop, logprobs=logprobs)
         s = _Seq(ids, policy)
+        s.on_prefill = on_prefill
         with self._cond:
             if self._closed:
                 raise ModelClosedError("the engine is closed")
@@ -392,6 +397,11 @@ class Engine:
                 s.kv += toks
                 s.policy.stats.positions_computed += len(toks)
                 results.append((s, pieces, None))
+                if s.on_prefill is not None and len(s.kv) <= len(s.prompt):
+                    try:
+                        s.on_prefill(len(s.kv), len(s.prompt))
+                    except Exception:
+                        pass
         finally:
             with self._cond:
                 for s, pieces, err in results:
@@ -508,6 +518,15 @@ class Engine:
                 self._retire(s, err)
             self._cond.notify_all()
         self.stop()
+
+    def grow(self, n_seq: int) -> int:
+        """Up to n_seq sequences at once: the model's KV cache grows (within the memory there
+        is) and, unless max_seqs was given, so does max_seqs. Returns the sequences it can run."""
+        n = self.model.grow_slots(min(n_seq, self.model.n_batch))
+        with self._cond:
+            if self._follows_model:
+                self.max_seqs = min(self.model.n_seq, self.model.n_batch)
+            return self.max_seqs
 
     @property
     def closed(self) -> bool:

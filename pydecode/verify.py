@@ -41,6 +41,7 @@ class Step:
     recompute_s: float
     kv_positions: int           # positions the cache holds after this step
     kv_bytes_in_use: int        # by the formula (sliding-window layers capped at their window)
+    text: str = ""              # the token's text
 
 
 @dataclass
@@ -90,11 +91,13 @@ def expected_positions(prompt_tokens: int, n_new: int) -> tuple[int, int]:
 
 def verify(path, prompt: str | list[int], n: int, *, n_threads: int | None = None, n_ctx: int | None = None,
            n_batch: int = DEFAULT_N_BATCH, isa: str | None = None, kv_type: str = "f16",
-           tolerance: float = TOLERANCE, on_step=None, model_cls=Model) -> Verification:
+           tolerance: float = TOLERANCE, on_step=None, on_prefill=None, model_cls=None) -> Verification:
     """Greedy-decodes n tokens after `prompt` with the cache and by recomputing; on_step(step)
-    is called after each step (for printing as it goes)."""
+    is called after each step (for printing as it goes), on_prefill(done, total) after each
+    chunk of the first prefill (a progress bar)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    model_cls = model_cls or Model
     cached = model_cls(path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, isa=isa, kv_type=kv_type)
     try:
         ids = cached.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -107,14 +110,26 @@ def verify(path, prompt: str | list[int], n: int, *, n_threads: int | None = Non
         recompute = model_cls(path, n_ctx=cached.n_ctx, n_threads=cached.n_threads, n_batch=n_batch, isa=isa,
                               kv_type=kv_type)
         try:
-            return _run(cached, recompute, ids, n, tolerance, on_step)
+            return _run(cached, recompute, ids, n, tolerance, on_step, on_prefill)
         finally:
             recompute.close()
     finally:
         cached.close()
 
 
-def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on_step) -> Verification:
+def _prefill(m: Model, ids: list[int], on_prefill) -> np.ndarray:
+    """The cached path's first prefill: in n_batch chunks when someone watches its progress
+    (chunking changes no result: the C core computes each position exactly as in one block)."""
+    if on_prefill is None:
+        return m.prefill(ids)
+    for i in range(0, len(ids), m.n_batch):
+        logits = m.prefill(ids[i:i + m.n_batch], pos=i)
+        on_prefill(min(i + m.n_batch, len(ids)), len(ids))
+    return logits
+
+
+def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on_step,
+         on_prefill=None) -> Verification:
     cfg = cached.config
     elem = 2 if cached.kv_type == "f16" else 4
     out = Verification(str(cached.path), len(ids), tolerance=tol, kv_bytes_allocated=cached.kv_bytes,
@@ -124,7 +139,7 @@ def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on
     for k in range(1, n + 1):
         t0 = time.perf_counter()
         if token is None:
-            la = cached.prefill(seq).copy()
+            la = _prefill(cached, seq, on_prefill).copy()
             pc = len(seq)
         else:
             la = cached.decode_step(token, len(seq) - 1).copy()
@@ -136,7 +151,7 @@ def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on
         ta, tb = int(np.argmax(la)), int(np.argmax(lb))
         same = ta == tb or abs(float(la[ta]) - float(la[tb])) <= 2 * tol   # a tie within tolerance
         step = Step(k, ta, tb, diff, bool(diff <= tol and same), pc, len(seq), t1 - t0, t2 - t1,
-                    len(seq), cfg.kv_bytes(len(seq), elem))
+                    len(seq), cfg.kv_bytes(len(seq), elem), cached.tokenizer.decode([ta]))
         out.steps.append(step)
         if on_step:
             on_step(step)
@@ -145,16 +160,29 @@ def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on
     return out
 
 
-HEADER = (f"{'step':>4} {'token':>7} {'text':14} {'max|dlogit|':>11} {'agree':>5} {'K/V computed: cached':>20} "
-          f"{'recompute':>13} {'cached ms':>9} {'recomp ms':>9} {'KV bytes in use':>15}")
+HEADER = (f"{'step':>4} {'token':>7} {'text':<14} {'max|dlogit|':>11} {'agree':>5} {'cached K/V (total)':>18} "
+          f"{'recompute K/V (total)':>21} {'cached ms':>9} {'recomp ms':>9} {'KV bytes in use':>15}")
 
 
-def step_line(s: Step, total_cached: int, total_recompute: int, detok=None) -> str:
+def _cell(text: str, width: int) -> str:
+    """text cut and padded to `width` terminal columns (East Asian wide characters take two)."""
+    import unicodedata
+
+    out, used = "", 0
+    for ch in text:
+        w = 2 if unicodedata.east_asian_width(ch) in "WF" else (0 if unicodedata.combining(ch) else 1)
+        if used + w > width:
+            break
+        out, used = out + ch, used + w
+    return out + " " * (width - used)
+
+
+def step_line(s: Step, total_cached: int, total_recompute: int) -> str:
     """One table row; the totals are the positions computed up to and including this step."""
-    text = repr(detok([s.token]))[1:-1][:14] if detok else ""
+    text = _cell(repr(s.text)[1:-1], 14)
     agree = "yes" if s.agree and s.token == s.token_recompute else ("tie" if s.agree else "NO")
-    return (f"{s.index:>4} {s.token:>7} {text:14} {s.max_abs_diff:>11.2e} {agree:>5} "
-            f"{f'{s.positions_cached} (total {total_cached})':>20} {f'{s.positions_recompute} ({total_recompute})':>13} "
+    return (f"{s.index:>4} {s.token:>7} {text} {s.max_abs_diff:>11.2e} {agree:>5} "
+            f"{f'{s.positions_cached} ({total_cached})':>18} {f'{s.positions_recompute} ({total_recompute})':>21} "
             f"{s.cached_s * 1e3:>9.1f} {s.recompute_s * 1e3:>9.1f} {s.kv_bytes_in_use:>15}")
 
 
@@ -175,11 +203,11 @@ def summary_lines(v: Verification) -> list[str]:
     ]
 
 
-def report_lines(v: Verification, detok=None) -> list[str]:
+def report_lines(v: Verification) -> list[str]:
     """The whole table `pydecode verify` prints: header, one row per step, summary."""
     lines, tc, tr = [HEADER], 0, 0
     for s in v.steps:
         tc += s.positions_cached
         tr += s.positions_recompute
-        lines.append(step_line(s, tc, tr, detok))
+        lines.append(step_line(s, tc, tr))
     return lines + summary_lines(v)

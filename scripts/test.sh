@@ -15,10 +15,27 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[test]'
 # Coverage-guided fuzzing where atheris installs (a wheel exists for this Python), else the plain loop.
 .venv/bin/python -m pip install -q 'atheris>=2.3' 2>/dev/null || echo "test.sh: atheris unavailable, fuzzing with the plain mutation loop" >&2
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+
+# The models the tests use, fetched here where the download shows (about 840 MB the first time;
+# cached in $PYDECODE_HOME, default ~/.cache/pydecode, afterwards).
+for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b; do
+  .venv/bin/pydecode pull "$m" >/dev/null
+done
+# llama.cpp's tokenizer test suite, from PyPI's llama-cpp-python sdist (76 MB, once; tests/conformance.py).
+.venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import conformance; conformance.tokenizer_dir()"
+
+banner() { printf '\ntest.sh: ==== %s ====\n\n' "$*" >&2; }
+if ! .venv/bin/python -m pytest -q -p no:cacheprovider "$@"; then
+  banner "STAGE 1 (the test suite) FAILED; stage 2 (the sanitizers) was NOT run"
+  exit 1
+fi
+banner "stage 1 (the test suite) passed"
 
 stage=${PYDECODE_SANITIZE_STAGE:-1}
-[ "$stage" = 1 ] || exit 0
+if [ "$stage" != 1 ]; then
+  banner "stage 2 (ASan + UBSan) SKIPPED: PYDECODE_SANITIZE_STAGE=$stage"
+  exit 0
+fi
 
 # ---- stage 2: ASan + UBSan ----
 REPO=$PWD
@@ -45,5 +62,6 @@ T=$REPO/tests
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
   "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
   "$T/test_lifetimes.py" \
-  -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree"
-echo "test.sh: sanitizer stage passed in $((SECONDS - start)) s" >&2
+  -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree" \
+  || { banner "STAGE 2 (ASan + UBSan) FAILED"; exit 1; }
+banner "stage 2 (ASan + UBSan) passed in $((SECONDS - start)) s"

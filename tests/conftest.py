@@ -8,7 +8,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 
 
 @pytest.fixture(scope="session")

@@ -141,10 +141,10 @@ def _tokenizers() -> list:
             "SmolLM2-135M-Instruct.Q4_1.gguf"
         if smol.exists():
             found.append(smol)
-        shared = HERE.parent.parent / "shared" / "conformance" / "tokenizer"
+        fetched = smol.parent.parent / "conformance" / "tokenizer"   # tests/conformance.py's cache
         for name in ("ggml-vocab-llama-spm.gguf", "ggml-vocab-qwen2.gguf"):
-            if (shared / name).exists():
-                found.append(shared / name)
+            if (fetched / name).exists():
+                found.append(fetched / name)
         _TOKENIZERS = []
         for p in found:
             meta = GGUFFile(p).metadata

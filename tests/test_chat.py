@@ -8,7 +8,7 @@ import pytest
 import pydecode
 from pydecode.chat import CHATML, GEMMA, LLAMA3, TemplateError, fallback_template, render
 
-TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "chat-templates"
+TEMPLATES = Path(__file__).resolve().parent / "data" / "chat-templates"   # llama.cpp's set (MIT, data/LICENSE.ggml)
 
 CONVERSATION = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -117,7 +117,7 @@ def test_gemma_gguf_chat_prompt(gemma_path):
         assert text.startswith("<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n")
         assert text.endswith("<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n")
         # One turn, as token ids: llama.cpp's for the same text (see test_tokenizer), one BOS.
-        assert llm._chat_ids([{"role": "user", "content": "Hi"}]) == [2, 105, 2364, 107, 10979, 106, 107, 105,
+        assert llm.chat_tokens([{"role": "user", "content": "Hi"}]) == [2, 105, 2364, 107, 10979, 106, 107, 105,
                                                                        4368, 107]
         c = llm.chat([{"role": "user", "content": "Hi"}], max_tokens=2)
         assert c.stats.prompt_tokens == 10
@@ -228,7 +228,7 @@ def test_second_turn_prefills_only_new_tokens(smollm):
 
 
 def test_chat_session_drops_oldest_turns_to_fit(smollm_path):
-    from pydecode.cli import ChatSession
+    from pydecode.chat_session import ChatSession
 
     llm = pydecode.load(str(smollm_path), n_ctx=100, n_threads=2)
     notices = []

@@ -636,7 +636,7 @@ def test_n_ctx_error_names_the_cli_flag(smollm_path):
     from pydecode.cli import main
 
     r = CliRunner().invoke(main, ["run", "-m", str(smollm_path), "-p", "Hi", "-n", "2", "-c", str(10**8)])
-    assert r.exit_code == 1 and "-c/--ctx: n_ctx 100000000 needs" in r.output
+    assert r.exit_code == 1 and "-c/--ctx-size: n_ctx 100000000 needs" in r.output
 
 
 @pytest.mark.parametrize("n_batch", [0, 65537, 1.5])

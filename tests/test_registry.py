@@ -94,7 +94,7 @@ def fake(monkeypatch, tmp_path):
     }
     calls = []
 
-    def download(requirement, dest_dir, progress=None):
+    def download(requirement, dest_dir, progress=None, on_bytes=None):
         calls.append(requirement)
         time.sleep(0.05)
         return Path(shutil.copy(wheels[requirement], dest_dir))

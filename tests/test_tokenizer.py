@@ -1,5 +1,6 @@
-"""Tokenizer tests: llama.cpp's own tokenizer suite (../shared/conformance/tokenizer), round
-trips, special tokens, end-of-generation ids and streaming detokenization."""
+"""Tokenizer tests: llama.cpp's own tokenizer suite (fetched once into the cache from PyPI's
+llama-cpp-python sdist, see tests/conformance.py), round trips, special tokens, end-of-generation
+ids and streaming detokenization."""
 import functools
 import os
 import time
@@ -10,8 +11,8 @@ import pytest
 from pydecode.gguf_file import GGUFFile
 from pydecode import tokenizer as tokenizer_module
 from pydecode.tokenizer import _PRE_TOKENIZERS, Tokenizer, TokenizerError
+from conformance import tokenizer_dir
 
-CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "tokenizer"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # Every byte-level BPE (tokenizer.ggml.model = gpt2) vocabulary of the suite.
 BPE_VOCABS = ["gpt-2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", "starcoder",
@@ -42,15 +43,16 @@ def gguf_metadata(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def vocab_tokenizer(name: str) -> Tokenizer:
-    return Tokenizer.from_metadata(gguf_metadata(CONFORMANCE / f"ggml-vocab-{name}.gguf"))
+    return Tokenizer.from_metadata(gguf_metadata(tokenizer_dir() / f"ggml-vocab-{name}.gguf"))
 
 
 def conformance_cases(name: str) -> list[tuple[str, list[int]]]:
-    """(text, expected ids) pairs; see ../shared/conformance/README.md for the format."""
-    texts = (CONFORMANCE / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
+    """(text, expected ids) pairs: the .inp file holds the strings, each followed by the line
+    __ggml_vocab_test__; the .out file one line of space-separated ids per string."""
+    texts = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
     assert texts[-1] == "", "the .inp file must end with a separator"
     texts = texts[:-1]
-    lines = (CONFORMANCE / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    lines = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == len(texts), f"{name}: .inp/.out counts differ"
     return [(text, [int(x) for x in line.split()]) for text, line in zip(texts, lines)]
 
@@ -79,7 +81,7 @@ def test_conformance_strings_round_trip(name):
 
 def test_every_vocab_of_the_suite_is_tested():
     models = {p.name[len("ggml-vocab-"):-len(".gguf")]: gguf_metadata(p).get("tokenizer.ggml.model")
-              for p in CONFORMANCE.glob("ggml-vocab-*.gguf")}
+              for p in tokenizer_dir().glob("ggml-vocab-*.gguf")}
     assert {name for name, model in models.items() if model == "gpt2"} == set(BPE_VOCABS)
     assert {name for name, model in models.items() if model == "llama"} == set(SPM_VOCABS)
     assert set(models.values()) == {"gpt2", "llama"}
@@ -326,7 +328,7 @@ def test_sentencepiece_odd_vocabularies():
 
 
 def _cache_roundtrip_meta():
-    return gguf_metadata(CONFORMANCE / "ggml-vocab-llama-spm.gguf")
+    return gguf_metadata(tokenizer_dir() / "ggml-vocab-llama-spm.gguf")
 
 
 def test_sentencepiece_cache(tmp_path, monkeypatch):
@@ -428,7 +430,7 @@ def _invalid_utf8(data: bytes) -> bool:
 # ------------------------------------------------------------------ speed
 
 def test_build_and_encode_speed():
-    meta = gguf_metadata(CONFORMANCE / "ggml-vocab-starcoder.gguf")  # 49k tokens, like SmolLM2
+    meta = gguf_metadata(tokenizer_dir() / "ggml-vocab-starcoder.gguf")  # 49k tokens, like SmolLM2
     t0 = time.perf_counter()
     tok = Tokenizer.from_metadata(meta)
     t1 = time.perf_counter()

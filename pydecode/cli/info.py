@@ -1,0 +1,56 @@
+"""`pydecode info`: what a model file holds and what loading it does on this CPU."""
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+
+from ..errors import PydecodeError
+from . import common
+
+
+@click.command()
+@common.model_args
+def info(model, model_arg):
+    """Architecture, size, quant mix, context and KV bytes of MODEL."""
+    from ..config import arch_config
+    from ..gguf_file import GGUFFile
+
+    try:
+        path = common.resolve_model(common.model_name(model, model_arg))
+        g = GGUFFile(path)
+        c = arch_config(g)
+    except (PydecodeError, ValueError, OSError) as e:
+        common.fail(e)
+    n_params = sum(t.n_elements for t in g.tensors.values())
+    mix = Counter()
+    by_bytes = Counter()
+    for t in g.tensors.values():
+        mix[t.type_name] += 1
+        by_bytes[t.type_name] += t.n_bytes
+    weight = sum(t.n_bytes for t in g.tensors.values())
+    emb = g.tensors["token_embd.weight"].n_bytes
+    per_token = weight - emb + (emb if c.tied_output else 0)
+    kv = c.kv_bytes_per_token(2)
+    click.echo(f"file            {path} ({g.file_size / 1e6:.1f} MB)")
+    click.echo(f"name            {g.metadata.get('general.name', '?')}")
+    click.echo(f"architecture    {c.arch}: {c.n_layer} layers, d_model {c.n_embd}, {c.n_head} heads "
+               f"({c.n_head_kv} kv), head_dim {c.head_dim}, ffn {c.n_ff}, vocab {c.n_vocab}")
+    click.echo(f"parameters      {n_params / 1e6:.1f} M")
+    click.echo(f"context         {c.n_ctx_train} tokens (trained); rope base {c.rope_base:g}, dims {c.rope_dim}")
+    click.echo(f"output head     {'tied to token_embd' if c.tied_output else 'output.weight'}")
+    click.echo("quant mix       " + ", ".join(f"{k}: {mix[k]} tensors, {by_bytes[k] / 1e6:.1f} MB"
+                                             for k in sorted(mix, key=lambda k: -by_bytes[k])))
+    click.echo(f"weights/token   {per_token / 1e6:.1f} MB read per decoded token")
+    click.echo(f"KV cache        {kv} bytes per token (F16), {kv * c.n_ctx_train / 1e6:.1f} MB at full context")
+    click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
+    try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
+        from ..model import Model
+        with Model(path, n_ctx=16, n_threads=1) as m:
+            kinds = Counter(t for _, t, _ in m.repacked)
+            click.echo(f"on this CPU     {m.isa} kernels; " + (
+                f"{len(m.repacked)} tensors repacked at load ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), "
+                f"{m.repacked_bytes / 1e6:.1f} MB beyond the mapped file (PYDECODE_REPACK=0: none)"
+                if m.repacked else "weights read in the file's layout (zero-copy)"))
+    except (PydecodeError, ValueError, OSError) as e:
+        click.echo(f"on this CPU     cannot load: {e}")

@@ -1,0 +1,249 @@
+"""llama-cpp-python's `Llama`, on pydecode: code written for `from llama_cpp import Llama` runs
+with `from pydecode import Llama`.
+
+`create_completion` (also `llm(prompt, ...)`) and `create_chat_completion` return the same
+OpenAI-shaped dicts as llama-cpp-python (choices with text / message, finish_reason, usage,
+logprobs), or, with stream=True, an iterator of the same chunks (text / delta). Defaults are
+llama-cpp-python's: a completion samples at temperature 0.8 (top-k 40, top-p 0.95, min-p
+0.05) for 16 tokens, a chat completion at temperature 0.2 until the model ends its turn.
+Constructor arguments that only mean something to llama.cpp's GPU or memory machinery
+(n_gpu_layers, use_mlock, ...) are accepted and ignored.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Iterator
+
+import numpy as np
+
+from .llm import LLM, load
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+# llama-cpp-python constructor arguments with no meaning here (GPU offload, mmap/mlock, NUMA,
+# LoRA, RoPE overrides the GGUF already states, ...): accepted, ignored.
+_IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "vocab_only", "use_mmap",
+            "use_mlock", "kv_overrides", "n_ubatch", "n_threads_batch", "rope_scaling_type", "pooling_type",
+            "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
+            "yarn_beta_slow", "yarn_orig_ctx", "logits_all", "embedding", "offload_kqv", "flash_attn",
+            "op_offload", "swa_full", "no_perf", "last_n_tokens_size", "lora_base", "lora_scale", "lora_path",
+            "numa", "chat_handler", "draft_model", "tokenizer", "type_k", "type_v", "spm_infill",
+            "chat_template_kwargs"}
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _stops(stop) -> list[str] | None:
+    if stop is None or stop == []:
+        return None
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+class Llama:
+    """A GGUF model with llama-cpp-python's interface (see the module docstring)."""
+
+    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
+                 seed: int = LLAMA_DEFAULT_SEED, verbose: bool = True, chat_format: str | None = None, **kwargs):
+        unknown = set(kwargs) - _IGNORED
+        if unknown:
+            raise TypeError(f"Llama() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        self.model_path = str(model_path)
+        self.verbose = verbose
+        self._llm: LLM = load(model_path, n_ctx=None if n_ctx == 0 else n_ctx, n_threads=n_threads)
+        self.metadata = {k: str(v) for k, v in self._llm.model.gguf.metadata.items() if not isinstance(v, list)}
+        self.chat_format = chat_format
+        # One generator for the calls that give no seed, seeded here like llama.cpp's sampler:
+        # the same sequence of calls draws the same text.
+        self._rng = np.random.default_rng(None if seed in (LLAMA_DEFAULT_SEED, -1) else seed)
+        if verbose:
+            m = self._llm.model
+            print(f"pydecode: loaded {m.path.name} ({m.config.arch}, {m.n_threads} threads, {m.isa}, "
+                  f"context {m.n_ctx})", file=sys.stderr)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, **kwargs) -> "Llama":
+        """A GGUF of a Hugging Face repository (huggingface_hub's cache, downloading when online)."""
+        return cls(f"hf://{repo_id}/{filename}", **kwargs)
+
+    # ---- tokens ----
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """UTF-8 bytes -> token ids (BOS first when add_bos and the model wants one)."""
+        if not isinstance(text, (bytes, bytearray)):
+            raise TypeError(f"tokenize takes UTF-8 bytes, got {type(text).__name__}")
+        return self._llm.tokenizer.encode(bytes(text).decode("utf-8", "replace"), add_special=add_bos,
+                                          parse_special=special)
+
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
+        """Token ids -> their bytes (special tokens' text only when special)."""
+        tok = self._llm.tokenizer
+        return b"".join(tok.piece_bytes(int(t), skip_special=not special) for t in tokens)
+
+    def n_ctx(self) -> int:
+        return self._llm.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._llm.model.n_vocab
+
+    def token_bos(self) -> int:
+        return -1 if self._llm.tokenizer.bos_id is None else self._llm.tokenizer.bos_id
+
+    def token_eos(self) -> int:
+        return -1 if self._llm.tokenizer.eos_id is None else self._llm.tokenizer.eos_id
+
+    def reset(self) -> None:
+        """Kept for compatibility: the KV cache is reused by prefix on its own."""
+
+    def close(self) -> None:
+        self._llm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- completions ----
+
+    def _sampling(self, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
+                  seed) -> dict:
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**63))
+        return dict(temperature=max(0.0, float(temperature)), top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
+                    top_k=max(0, int(top_k)), min_p=float(min_p), repeat_penalty=float(repeat_penalty),
+                    frequency_penalty=float(frequency_penalty), presence_penalty=float(presence_penalty),
+                    seed=seed)
+
+    def _max_tokens(self, max_tokens, n_prompt: int) -> int:
+        room = max(1, self._llm.n_ctx - n_prompt)
+        return room if max_tokens is None or max_tokens <= 0 else int(max_tokens)
+
+    def _logprob_dict(self, pieces, n: int, offset0: int) -> dict:
+        tok, out, offset = self._llm.tokenizer, {"tokens": [], "text_offset": [], "token_logprobs": [],
+                                                 "top_logprobs": []}, offset0
+        for p in pieces:
+            if p.token < 0:
+                continue
+            out["tokens"].append(tok.decode([p.token]))
+            out["text_offset"].append(offset)
+            out["token_logprobs"].append(p.logprob)
+            out["top_logprobs"].append({tok.decode([t]): lp for t, lp in (p.top_logprobs or [])[:n]})
+            offset += len(p.text)
+        return out
+
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
+                          typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
+                          stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                          stream: bool = False, seed: int | None = None, model: str | None = None,
+                          **ignored) -> dict | Iterator[dict]:
+        """An OpenAI text completion of `prompt` (text or token ids), as llama-cpp-python makes it."""
+        llm = self._llm
+        ids = llm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
+                            presence_penalty, seed)
+        handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop),
+                            logprobs=logprobs, **kw)
+        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
+                "model": model or self.model_path}
+        prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
+        if stream:
+            return self._stream_completion(handle, head, prompt_text if echo else "", logprobs)
+        try:
+            pieces = list(handle)
+        except BaseException:
+            handle.cancel()
+            raise
+        c = handle.completion
+        text = (prompt_text if echo else "") + c.text
+        lp = self._logprob_dict(pieces, logprobs, len(prompt_text) if echo else 0) if logprobs is not None else None
+        return {**head, "choices": [{"text": text, "index": 0, "logprobs": lp,
+                                     "finish_reason": _finish(c.finish_reason)}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(c.tokens),
+                          "total_tokens": len(ids) + len(c.tokens)}}
+
+    def _stream_completion(self, handle, head, echo_text, logprobs) -> Iterator[dict]:
+        try:
+            if echo_text:
+                yield {**head, "choices": [{"text": echo_text, "index": 0, "logprobs": None, "finish_reason": None}]}
+            offset = len(echo_text)
+            for p in handle:
+                if not p.text:
+                    continue
+                lp = self._logprob_dict([p], logprobs, offset) if logprobs is not None else None
+                offset += len(p.text)
+                yield {**head, "choices": [{"text": p.text, "index": 0, "logprobs": lp, "finish_reason": None}]}
+            c = handle.completion
+            yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
+                                        "finish_reason": _finish(c.finish_reason)}]}
+        finally:
+            handle.cancel()
+
+    __call__ = create_completion
+
+    # ---- chat ----
+
+    def create_chat_completion(self, messages: list[dict], functions=None, function_call=None, tools=None,
+                               tool_choice=None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                               stop: str | list[str] | None = None, seed: int | None = None,
+                               response_format=None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, model: str | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None, **ignored) -> dict | Iterator[dict]:
+        """An OpenAI chat completion of `messages`, rendered with the model's chat template."""
+        if tools or functions or response_format:
+            raise NotImplementedError("tools, functions and response_format are not supported yet")
+        llm = self._llm
+        ids = llm.chat_tokens(messages)
+        kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
+                            presence_penalty, seed)
+        n_top = (top_logprobs or 0) if logprobs else None
+        handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top, **kw)
+        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": model or self.model_path}
+        if stream:
+            return self._stream_chat(handle, head, n_top)
+        try:
+            pieces = list(handle)
+        except BaseException:
+            handle.cancel()
+            raise
+        c = handle.completion
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                             "logprobs": self._chat_logprobs(pieces, n_top) if n_top is not None else None,
+                             "finish_reason": _finish(c.finish_reason)}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(c.tokens),
+                          "total_tokens": len(ids) + len(c.tokens)}}
+
+    def _chat_logprobs(self, pieces, n: int) -> dict:
+        tok = self._llm.tokenizer
+
+        def entry(t, lp):
+            return {"token": tok.decode([t]), "logprob": lp, "bytes": list(tok.token_bytes(t))}
+
+        return {"content": [{**entry(p.token, p.logprob), "top_logprobs": [entry(t, lp) for t, lp in
+                                                                           (p.top_logprobs or [])[:n]]}
+                            for p in pieces if p.token >= 0]}
+
+    def _stream_chat(self, handle, head, n_top) -> Iterator[dict]:
+        head = {**head, "object": "chat.completion.chunk"}
+        try:
+            yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                        "finish_reason": None}]}
+            for p in handle:
+                if not p.text:
+                    continue
+                lp = self._chat_logprobs([p], n_top) if n_top is not None else None
+                yield {**head, "choices": [{"index": 0, "delta": {"content": p.text}, "logprobs": lp,
+                                            "finish_reason": None}]}
+            c = handle.completion
+            yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                        "finish_reason": _finish(c.finish_reason)}]}
+        finally:
+            handle.cancel()

@@ -1,0 +1,100 @@
+"""llama.cpp's tokenizer test suite, fetched once into the cache like the models.
+
+The vocabularies (GGUF files holding only a tokenizer) with their test strings and expected ids
+ship in PyPI's source package llama-cpp-python==0.3.36, under vendor/llama.cpp/models/ (MIT,
+see tests/data/LICENSE.ggml). `tokenizer_dir()` downloads that package once with pip (never
+building or installing it), extracts the 33 files below into
+$PYDECODE_HOME/conformance/tokenizer/, checks each against its sha256, and returns the folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from pydecode import registry
+
+SDIST = "llama-cpp-python==0.3.36"
+MEMBER_DIR = "vendor/llama.cpp/models/"
+SHA256 = {
+    "ggml-vocab-deepseek-coder.gguf": "91cb1379f2e33af1c4866b194622b7a0e12e8f0c9dba7ba2f10d55978730bec1",
+    "ggml-vocab-deepseek-coder.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-deepseek-coder.gguf.out": "c2cea4584b0487e67fbd81f491bb44f89238722062126120d2c412edb3dbd853",
+    "ggml-vocab-deepseek-llm.gguf": "867f77537b54565f0d81d508c04edc41aa1d4ffc1a92745f225b4c1b02755f76",
+    "ggml-vocab-deepseek-llm.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-deepseek-llm.gguf.out": "87cfc1a8a9a7ef25d04d28c26a67b6a620af7be938c9bd0feeb4d319b9302832",
+    "ggml-vocab-falcon.gguf": "9f0bf8b0733680398b72e652e90f260f43782f326e75545fc0e49611a5ba35ad",
+    "ggml-vocab-falcon.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-falcon.gguf.out": "f8c80a0483582ef195c2129b69bb2e4e421b0f31ed7b35d84b63511d7ebae7cd",
+    "ggml-vocab-gpt-2.gguf": "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+    "ggml-vocab-gpt-2.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-gpt-2.gguf.out": "48e8c4cb3ad5c37915b225f872222567c1c4dd4d66951aa53460c8d152ff6d60",
+    "ggml-vocab-llama-bpe.gguf": "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+    "ggml-vocab-llama-bpe.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-llama-bpe.gguf.out": "118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b",
+    "ggml-vocab-llama-spm.gguf": "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+    "ggml-vocab-llama-spm.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-llama-spm.gguf.out": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
+    "ggml-vocab-mpt.gguf": "59dc382612866d1fc6c11ea531318d327598f3412d9c8f8600607cdf3030898f",
+    "ggml-vocab-mpt.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-mpt.gguf.out": "9d0982a7e7950b81bc2e325fb61bb7e295d2238934ab889737494de2dc4d906b",
+    "ggml-vocab-phi-3.gguf": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
+    "ggml-vocab-phi-3.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-phi-3.gguf.out": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
+    "ggml-vocab-qwen2.gguf": "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+    "ggml-vocab-qwen2.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-qwen2.gguf.out": "de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363",
+    "ggml-vocab-refact.gguf": "ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678",
+    "ggml-vocab-refact.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-refact.gguf.out": "c7e5c1c5dc1dfd3e0d56576bf699d2aca0b760b80779523ea9d323aad6cd1b88",
+    "ggml-vocab-starcoder.gguf": "fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d",
+    "ggml-vocab-starcoder.gguf.inp": "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0",
+    "ggml-vocab-starcoder.gguf.out": "3ef12183c57ad076f9defd8e5eb454f509f5f0865cad35646abb4c4b2d2c5764",
+}
+
+
+def _ok(path: Path, digest: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == digest
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def tokenizer_dir() -> Path:
+    """The folder holding every file of SHA256, verified (fetched on first use)."""
+    out = registry.models_dir().parent / "conformance" / "tokenizer"
+    if all(_ok(out / n, h) for n, h in SHA256.items()):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with registry._lock(out / ".lock"):
+        missing = [n for n, h in SHA256.items() if not _ok(out / n, h)]
+        if not missing:
+            return out
+        registry._stderr(f"pydecode tests: fetching llama.cpp's tokenizer suite from {SDIST} (76 MB, once)")
+        tmp = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=out))
+        try:
+            sdist = registry.pip_download(SDIST, tmp, sdist=True)
+            with tarfile.open(sdist) as tar:
+                for m in tar.getmembers():
+                    name = m.name.split(MEMBER_DIR, 1)[-1] if MEMBER_DIR in m.name else None
+                    if name in missing and m.isfile():
+                        src = tar.extractfile(m)
+                        assert src is not None
+                        data = src.read()
+                        if hashlib.sha256(data).hexdigest() != SHA256[name]:
+                            raise RuntimeError(f"{SDIST}: {m.name} does not match its recorded sha256")
+                        part = out / (name + ".part")
+                        part.write_bytes(data)
+                        os.replace(part, out / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        still = [n for n, h in SHA256.items() if not _ok(out / n, h)]
+        if still:
+            raise RuntimeError(f"{SDIST} lacks {still}")
+    return out
