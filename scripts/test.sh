@@ -11,8 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+# The sanitizer stage builds with the venv's own setuptools (setup.py): as new as the build's.
+.venv/bin/python -m pip install -q --upgrade pip 'setuptools>=77' wheel 'cffi>=1.16'
+# (setuptools warns at every editable install that the package folder in the working directory
+# may shadow it: here that is the point, so its warnings are silenced for this one command.)
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e '.[test]'
 # Coverage-guided fuzzing where atheris installs (a wheel exists for this Python), else the plain loop.
 .venv/bin/python -m pip install -q 'atheris>=2.3' 2>/dev/null || echo "test.sh: atheris unavailable, fuzzing with the plain mutation loop" >&2
 
