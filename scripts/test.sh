@@ -55,7 +55,7 @@ export LD_PRELOAD="$(${CC:-gcc} -print-file-name=libasan.so) $(${CC:-gcc} -print
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export PYTHONPATH=$SAN PYDECODE_FUZZ_PLAIN=1 PYDECODE_FUZZ_SECONDS=${PYDECODE_SANITIZE_FUZZ_SECONDS:-10}
-export PYDECODE_STRESS_SECONDS=8 PYDECODE_CLOSE_ROUNDS=12
+export PYDECODE_STRESS_SECONDS=8 PYDECODE_CLOSE_ROUNDS=12 PYDECODE_LONG_PROMPT_TOKENS=1200
 # Run from the copy: its pydecode (with the sanitized _core) comes first on the path.
 cd "$SAN"
 "$REPO/.venv/bin/python" -c "import pydecode, pydecode._core as c, sys; \

@@ -4,8 +4,9 @@ prompt types, the model cache and name lookup. Each test reproduces one finding;
 could crash the process runs in a subprocess, so a crash fails the test instead of pytest.
 
 STRESS_S: seconds of the many-threads stress test per slot count (PYDECODE_STRESS_SECONDS);
-CLOSE_ROUNDS: rounds of close() at a random moment (PYDECODE_CLOSE_ROUNDS). The sanitizer stage
-of scripts/test.sh runs fewer of both.
+CLOSE_ROUNDS: rounds of close() at a random moment (PYDECODE_CLOSE_ROUNDS); LONG_PROMPT: tokens of
+the prompt whose prefill is interrupted (PYDECODE_LONG_PROMPT_TOKENS). The sanitizer stage of
+scripts/test.sh, where the C core runs several times slower, uses smaller values.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pydecode.errors import ContextFullError, ModelError, ModelFileChangedError
 
 STRESS_S = float(os.environ.get("PYDECODE_STRESS_SECONDS", "30"))
 CLOSE_ROUNDS = int(os.environ.get("PYDECODE_CLOSE_ROUNDS", "50"))
+LONG_PROMPT = int(os.environ.get("PYDECODE_LONG_PROMPT_TOKENS", "6000"))   # seconds of prefill
 TIMEOUT = 120
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "Water boils at a temperature of"]
@@ -187,7 +189,7 @@ def _long_prompt(llm, n_tokens: int) -> list[int]:
 
 def test_cancel_and_ctrl_c_stop_a_long_prefill_within_a_chunk(smollm_path):
     with pydecode.load(smollm_path, n_ctx=8192, n_threads=2) as llm:
-        ids = _long_prompt(llm, 6000)
+        ids = _long_prompt(llm, LONG_PROMPT)
         t0 = time.monotonic()
         llm.generate(ids, 1)
         full = time.monotonic() - t0
