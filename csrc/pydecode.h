@@ -41,7 +41,6 @@ typedef struct {
     float attn_scale;        /* 0 -> 1/sqrt(head_dim) */
     float embd_scale;        /* 0 -> 1 (gemma: sqrt(n_embd)) */
     int act_gelu;            /* 0: SwiGLU (silu(gate)*up); 1: GELU(tanh)(gate)*up */
-    int norm_add_one;        /* reserved: RMSNorm weight applied as (1 + w) */
     int sliding_window;      /* 0: none */
     int swa_period;          /* every swa_period-th layer is global (gemma3: 6); 0: all global */
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
@@ -77,7 +76,7 @@ int pd_model_grow_seq(pd_model *m, int n_seq);
 int pd_model_n_repacked(const pd_model *m);
 size_t pd_model_repacked_bytes(const pd_model *m);
 int pd_model_repacked_slot(const pd_model *m, int i);
-/* The sampling summary (summary.h): with inv_t > 0, every following step that returns one row
+/* The sampling summary (sampling/summary.h): with inv_t > 0, every following step that returns one row
  * of logits also summarizes them, during its output-head phase, for a truncated draw at
  * temperature 1/inv_t; 0 turns it off. pd_model_sample draws from the last step's summary: the
  * token id, -1 if the summary cannot decide (the caller samples the logits instead), or -2 if
@@ -124,6 +123,9 @@ float pd_max_f32(const float *x, int n);
 double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift);
 int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals);
 int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out);
+/* The kernel table whose vocabulary passes pd_sum_exp / pd_collect_above run for isa (NULL: the
+ * one $PYDECODE_ISA names, else the best here); the forward pass's table is pd_model_isa. */
+const char *pd_sampler_isa(const char *isa);
 /* The mapped model file's guard (mapguard.c): within [base, base + len) a SIGBUS (the file was
  * truncated under the mapping) maps a zero page instead of killing the process, and is counted.
  * pd_guard_range returns an id >= 0 (negative: not available here); pd_guard_faults(id) counts

@@ -1,30 +1,42 @@
-"""cffi API-mode build of the C core (used by setup.py's cffi_modules).
+"""The build of pydecode's C core, in one place: every source file, its flags, cffi's module.
 
-The portable sources are compiled by cffi with common flags. ISA-specific kernel files are
-compiled separately with their own flags by setup.py's build_ext (see ISA_SOURCES), so one
-build runs on any x86-64 and the best kernels are picked at run time from CPUID.
+cffi (API mode) compiles SOURCES with COMMON_FLAGS; setup.py's build_ext compiles each file of
+ISA_SOURCES with its own flags (never -march=native, never AMX) and links it in, so one build runs
+on any CPU of its family and the best kernel table is picked at run time (kernels/dispatch.c).
+Headers are included by their path under csrc/ ("core/model.h", "kernels/kernels.h").
 """
 import os
+import platform
 import re
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CSRC = os.path.join("csrc")
 
-COMMON_SOURCES = [
-    "csrc/model.c",
-    "csrc/threadpool.c",
-    "csrc/quant_common.c",
-    "csrc/kernels_scalar.c",
-    "csrc/dispatch.c",
-    "csrc/kernel_api.c",
-    "csrc/sampling.c",
-    "csrc/sample_summary.c",
-    "csrc/bandwidth.c",
-    "csrc/mapguard.c",
+SOURCES = [
+    "csrc/core/forward.c", "csrc/core/step.c", "csrc/core/load.c", "csrc/core/threadpool.c",
+    "csrc/core/mapguard.c", "csrc/core/bandwidth.c",
+    "csrc/kernels/dispatch.c", "csrc/kernels/quant.c", "csrc/kernels/scalar.c", "csrc/kernels/kernel_api.c",
+    "csrc/sampling/sampling.c", "csrc/sampling/summary.c",
 ]
+# ISA file -> (its flags, the macro that tells dispatch.c its table is compiled in).
+AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c", "-mavx2"]
+X86_ISA_SOURCES = {
+    "csrc/kernels/x86/avx2.c": (["-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVX2"),
+    "csrc/kernels/x86/avx512.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
+    "csrc/kernels/x86/avx512_kquant.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
+    "csrc/kernels/x86/avxvnni.c": (["-mavxvnni", "-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVXVNNI"),
+}
+
+
+def isa_sources() -> dict:
+    """The ISA files this machine's build compiles (x86-64: the three x86 tables)."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+        return X86_ISA_SOURCES
+    return {}
+
+
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 LINK_FLAGS = ["-pthread", "-lm"]
 
@@ -35,7 +47,7 @@ LINK_FLAGS = ["-pthread", "-lm"]
 #   LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
 #   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 python -m pytest tests/
 # (scripts/test.sh's second stage does exactly this with a sanitized copy of the package.)
-# -O1, ASan's advice: precise reports, and a third of -O3's compile time (kernels_avx2.c: 20 s, not 60).
+# -O1, ASan's advice: precise reports, and a third of -O3's compile time (kernels/x86/avx2.c: 20 s, not 60).
 SANITIZE_FLAGS = ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
 if os.environ.get("PYDECODE_SANITIZE", "") not in ("", "0"):
     COMMON_FLAGS = [f for f in COMMON_FLAGS if not f.startswith("-O")] + SANITIZE_FLAGS
@@ -61,7 +73,7 @@ ffibuilder.cdef(_cdef_from_header(os.path.join(ROOT, "csrc", "pydecode.h")))
 ffibuilder.set_source(
     "pydecode._core",
     '#include "pydecode.h"',
-    sources=COMMON_SOURCES,
+    sources=SOURCES,
     include_dirs=["csrc"],
     extra_compile_args=COMMON_FLAGS,
     extra_link_args=LINK_FLAGS,

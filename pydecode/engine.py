@@ -229,19 +229,19 @@ class Engine:
         finally:
             self._cond.release()
 
+    def _count(self, seqs) -> int:
+        with self._cond:
+            if self._stepper is None:   # cancellations flagged without the lock end now
+                self._reap()
+            return len(seqs)
+
     @property
     def n_active(self) -> int:
-        with self._cond:
-            if self._stepper is None:
-                self._reap()
-            return len(self._active)
+        return self._count(self._active)
 
     @property
     def n_queued(self) -> int:
-        with self._cond:
-            if self._stepper is None:
-                self._reap()
-            return len(self._queue)
+        return self._count(self._queue)
 
     @property
     def kv_bytes_reserved(self) -> int:

@@ -37,6 +37,17 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
+def _drain(handle):
+    """(every piece of a handle, its Completion): the generation run to its end (cancelled if
+    anything interrupts it)."""
+    try:
+        pieces = list(handle)
+    except BaseException:
+        handle.cancel()
+        raise
+    return pieces, handle.completion
+
+
 def _stops(stop) -> list[str] | None:
     if stop is None or stop == []:
         return None
@@ -154,12 +165,7 @@ class Llama:
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
         if stream:
             return self._stream_completion(handle, head, prompt_text if echo else "", logprobs)
-        try:
-            pieces = list(handle)
-        except BaseException:
-            handle.cancel()
-            raise
-        c = handle.completion
+        pieces, c = _drain(handle)
         text = (prompt_text if echo else "") + c.text
         lp = self._logprob_dict(pieces, logprobs, len(prompt_text) if echo else 0) if logprobs is not None else None
         return {**head, "choices": [{"text": text, "index": 0, "logprobs": lp,
@@ -208,12 +214,7 @@ class Llama:
         head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": model or self.model_path}
         if stream:
             return self._stream_chat(handle, head, n_top)
-        try:
-            pieces = list(handle)
-        except BaseException:
-            handle.cancel()
-            raise
-        c = handle.completion
+        pieces, c = _drain(handle)
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
                              "logprobs": self._chat_logprobs(pieces, n_top) if n_top is not None else None,

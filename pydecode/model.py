@@ -437,7 +437,7 @@ class Model:
 
     def set_summary(self, inv_t: float) -> None:
         """With inv_t > 0, each following step that returns one row of logits also summarizes
-        them for a truncated draw at temperature 1/inv_t (csrc/summary.h), so that `sample_summary`
+        them for a truncated draw at temperature 1/inv_t (csrc/sampling/summary.h), so that `sample_summary`
         needs no pass over the vocabulary; 0 turns it off."""
         with self._lock:
             self._usable(None, None)

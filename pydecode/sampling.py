@@ -22,7 +22,7 @@ from . import _core
 ffi, lib = _core.ffi, _core.lib
 
 CANDIDATES = 256   # first candidate list when no top-k bounds it; grows x8 when needed
-SUMMARY_K = 256    # candidates a model's sampling summary keeps (csrc/summary.h: PD_SUMM_K)
+SUMMARY_K = 256    # candidates a model's sampling summary keeps (csrc/sampling/summary.h: PD_SUMM_K)
 
 
 def _number(name, v, lo, hi, lo_open=False):
@@ -139,7 +139,7 @@ class Sampler:
     @property
     def summary_inv_t(self) -> float:
         """1 / temperature when a model's step may summarize its logits for this sampler's draw
-        (csrc/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
+        (csrc/sampling/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
         The Engine turns the summary on for the steps that return one sequence's one row."""
         return self._fast_args[2] if self._fast and self._fast_args[0] <= SUMMARY_K else 0.0
 

@@ -53,21 +53,15 @@ class Verification:
     kv_bytes_allocated: int = 0   # the C allocation (n_ctx positions), pd_model_kv_bytes
     n_ctx: int = 0
 
-    @property
-    def positions_cached(self) -> int:
-        return sum(s.positions_cached for s in self.steps)
+    def _total(field: str):
+        return property(lambda self: sum(getattr(s, field) for s in self.steps),
+                        doc=f"The steps' {field}, summed.")
 
-    @property
-    def positions_recompute(self) -> int:
-        return sum(s.positions_recompute for s in self.steps)
-
-    @property
-    def cached_s(self) -> float:
-        return sum(s.cached_s for s in self.steps)
-
-    @property
-    def recompute_s(self) -> float:
-        return sum(s.recompute_s for s in self.steps)
+    positions_cached = _total("positions_cached")
+    positions_recompute = _total("positions_recompute")
+    cached_s = _total("cached_s")
+    recompute_s = _total("recompute_s")
+    del _total
 
     @property
     def max_abs_diff(self) -> float:

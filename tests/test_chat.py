@@ -85,9 +85,8 @@ def test_fallback_is_chosen_from_the_vocabulary():
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path):
-    llm = pydecode.load(str(smollm_path), n_ctx=512, n_threads=2)
-    yield llm
-    llm.close()
+    with pydecode.load(str(smollm_path), n_ctx=512, n_threads=2) as llm:
+        yield llm
 
 
 def test_smollm2_gguf_template(smollm):

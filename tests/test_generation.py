@@ -26,9 +26,8 @@ N = 32
 
 @pytest.fixture(scope="module")
 def llm(smollm_path):
-    m = pydecode.load(str(smollm_path), n_ctx=512, n_threads=2)
-    yield m
-    m.close()
+    with pydecode.load(str(smollm_path), n_ctx=512, n_threads=2) as m:
+        yield m
 
 
 def test_greedy_is_deterministic(llm):

@@ -92,34 +92,32 @@ def test_truncated_model_names_the_tensor(tmp_path, smollm_path):
         GGUFFile(p)
 
 
-def test_unknown_tensor_type_named_at_load(tmp_path, smollm_path):
-    """Corrupt the type id of one tensor in the directory: load names that tensor."""
-    g = GGUFFile(smollm_path)
-    data = bytearray(smollm_path.read_bytes())
-    name = b"blk.0.attn_q.weight"
+def _with_tensor_type(src, dst, tensor: str, type_id: int):
+    """A copy of GGUF `src` at `dst` whose directory gives `tensor` the type id `type_id`."""
+    g = GGUFFile(src)
+    data = bytearray(src.read_bytes())
+    name = tensor.encode()
     at = data.index(struct.pack("<Q", len(name)) + name, 0, g.data_start)
     type_at = at + 8 + len(name) + 4 + 8 * 2   # name, n_dims, two dims
-    data[type_at:type_at + 4] = struct.pack("<I", 250)
-    p = tmp_path / "badtype.gguf"
-    p.write_bytes(bytes(data))
+    data[type_at:type_at + 4] = struct.pack("<I", type_id)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_unknown_tensor_type_named_at_load(tmp_path, smollm_path):
+    """Corrupt the type id of one tensor in the directory: load names that tensor."""
+    p = _with_tensor_type(smollm_path, tmp_path / "badtype.gguf", "blk.0.attn_q.weight", 250)
     with pytest.raises(ModelError, match="blk.0.attn_q.weight.*unknown type id 250"):
         GGUFFile(p)
 
 
 def test_unsupported_type_in_model_names_tensor(tmp_path, smollm_path):
-    """A known but unsupported type (Q5_K, a later task) in a weight: Model() names tensor and type."""
+    """A known but unsupported type in a weight: Model() names tensor and type. (IQ2_XXS's
+    256-value blocks would not fit a 576-value row, a shape error; Q8_1 (9) has 32-value blocks
+    and is never stored in files.)"""
     import pydecode
 
-    g = GGUFFile(smollm_path)
-    data = bytearray(smollm_path.read_bytes())
-    name = b"blk.3.ffn_up.weight"
-    at = data.index(struct.pack("<Q", len(name)) + name, 0, g.data_start)
-    type_at = at + 8 + len(name) + 4 + 8 * 2
-    # IQ2_XXS (16): 256-value blocks of 66 bytes; 576 values is not whole blocks -> shape error,
-    # so use a type whose block fits the row: Q8_1 (9) has 32-value blocks, never stored in files.
-    data[type_at:type_at + 4] = struct.pack("<I", 9)
-    p = tmp_path / "q81.gguf"
-    p.write_bytes(bytes(data))
+    p = _with_tensor_type(smollm_path, tmp_path / "q81.gguf", "blk.3.ffn_up.weight", 9)
     with pytest.raises(ModelError, match=r"ffn_up.*(unsupported|Q8_1)"):
         pydecode.Model(p, n_ctx=64, n_threads=1)
 

@@ -503,9 +503,8 @@ def test_failed_loads_leave_nothing_behind(write):
 
 @pytest.fixture(scope="module")
 def llm(smollm_path):
-    m = pydecode.load(str(smollm_path), n_ctx=64, n_threads=1)
-    yield m
-    m.close()
+    with pydecode.load(str(smollm_path), n_ctx=64, n_threads=1) as m:
+        yield m
 
 
 def test_prompt_longer_than_context(llm):

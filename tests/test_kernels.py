@@ -80,28 +80,29 @@ def isa(request):
 # ---------------------------------------------------------------- helpers
 
 
-def q8_numpy(x):
-    """numpy mirror of quantize_q8: gguf's Q8_0 rule (d = amax/127, q = round-half-away(x/d)
-    computed as x * (1/d)), with d kept in float32 and s = d * sum(q)."""
-    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+def _q8_rule(x, block):
+    """gguf's Q8_0 rule per block of `block` values: d = amax/127 (float32), q =
+    round-half-away(x * (1/d)). Returns (d, q)."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, block)
     d = np.abs(blocks).max(axis=1) / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    qs = gguf.quants.np_roundf(blocks * inv[:, None]).astype(np.int8)
-    out = np.empty(blocks.shape[0], Q8_DTYPE)
+    return d, gguf.quants.np_roundf(blocks * inv[:, None]).astype(np.int8)
+
+
+def q8_numpy(x):
+    """numpy mirror of quantize_q8: the Q8_0 rule per 32 values, and s = d * sum(q)."""
+    d, qs = _q8_rule(x, 32)
+    out = np.empty(len(d), Q8_DTYPE)
     out["d"], out["qs"] = d, qs
     out["s"] = d * qs.sum(axis=1, dtype=np.int32).astype(np.float32)
     return out
 
 
 def q8k_numpy(x):
-    """numpy mirror of quantize_q8k: quantize_q8's rule per 256 values, bsums = sums of 16 q."""
-    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 256)
-    d = np.abs(blocks).max(axis=1) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    qs = gguf.quants.np_roundf(blocks * inv[:, None]).astype(np.int8)
-    out = np.empty(blocks.shape[0], Q8K_DTYPE)
+    """numpy mirror of quantize_q8k: the same rule per 256 values, bsums = sums of 16 q."""
+    d, qs = _q8_rule(x, 256)
+    out = np.empty(len(d), Q8K_DTYPE)
     out["d"], out["qs"] = d, qs
     out["bsums"] = qs.reshape(-1, 16, 16).sum(axis=2, dtype=np.int32)
     return out
@@ -414,7 +415,7 @@ THREAD_COUNTS = (1, 2, 3, 7)
 def test_forward_bit_identical_across_thread_counts(smollm_path, isa_name):
     """Every output row of a matmul is computed by exactly one thread, with the same
     instructions in the same order whatever its neighbours in the tile (the kernels) and
-    whichever thread takes it (model.c hands out row chunks whose size depends on the matrix
+    whichever thread takes it (core/forward.c hands out row chunks whose size depends on the matrix
     only, tokens and (token, head) pairs whole): prefill logits of every position and the
     decode steps after them are bit-identical for any thread count."""
     import pydecode

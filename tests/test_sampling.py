@@ -305,7 +305,7 @@ def test_sample_truncated_equals_its_primitives_step_by_step(logits, kw):
         assert lib.pd_sample_truncated(px, n, top_k, 256, inv_t, top_p, min_p, u) == ids[i]
 
 
-# ---------------------------------------------------------------- the sampling summary (csrc/summary.h)
+# ---------------------------------------------------------------- the sampling summary (csrc/sampling/summary.h)
 
 SUMMARY_PARAMS = [dict(top_p=0.95), dict(top_k=40), dict(top_k=256, top_p=0.9), dict(top_p=0.5, min_p=0.05),
                   dict(min_p=0.1), dict(top_p=0.999999)]

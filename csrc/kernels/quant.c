@@ -1,5 +1,5 @@
 /* Type traits, portable f16 conversion and scalar row dequantization (embedding lookup, tests). */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <stddef.h>
 #include <string.h>
 

@@ -1,8 +1,8 @@
 /* Persistent pthread pool. Workers spin briefly on a generation counter (a decode step is
  * ~1-20 ms, and the next one follows within microseconds), then sleep on a condition variable
- * so an idle or oversubscribed machine is not burned. Waits inside a step (phases, barriers)
+ * so an idle or oversubscribed machine is not burned. Waits inside a step (the phases' ends)
  * spin, then yield, then nap (see backoff). */
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -53,9 +53,6 @@ struct pd_pool {
     atomic_int done;           /* workers finished with the current run */
     pd_task_fn fn;
     void *ctx;
-    /* barrier */
-    atomic_int bar_count;
-    atomic_int bar_phase;
 };
 
 typedef struct { pd_pool *p; int ith; } worker_arg;
@@ -125,12 +122,10 @@ void pd_pool_free(pd_pool *p) {
 
 int pd_pool_size(const pd_pool *p) { return p->n; }
 
-void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
-    if (p->n == 1) { fn(ctx, 0, 1); return; }
+/* Hands fn to the workers (waking the ones asleep) and runs thread 0's share here. */
+static void run_here_and_there(pd_pool *p, pd_task_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->done, 0);
-    atomic_store(&p->bar_count, 0);
     atomic_fetch_add(&p->generation, 1);  /* seq_cst: pairs with the sleeping check */
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
@@ -138,23 +133,19 @@ void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n);
+}
+
+void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
+    if (p->n == 1) { fn(ctx, 0, 1); return; }
+    atomic_store(&p->done, 0);
+    run_here_and_there(p, fn, ctx);
     int spins = 0;
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) {
-        backoff(&spins);
-    }
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) backoff(&spins);
 }
 
 void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx) {
     if (p->n == 1) { fn(ctx, 0, 1); return; }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_fetch_add(&p->generation, 1);  /* seq_cst: pairs with the sleeping check */
-    if (atomic_load(&p->sleeping) > 0) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-    }
-    fn(ctx, 0, p->n);
+    run_here_and_there(p, fn, ctx);
 }
 
 void pd_phases_reset(pd_phase *ph, int n, uint32_t epoch) {
@@ -189,20 +180,6 @@ int pd_phase_end(pd_worker *w, int n_chunks) {
         uint64_t d = atomic_load_explicit(&ph->done, memory_order_acquire);
         if (d == want) return 0;
         if ((uint32_t)(d >> 32) != w->epoch) return -1;
-        backoff(&spins);
-    }
-}
-
-void pd_barrier(pd_pool *p) {
-    if (p->n == 1) return;
-    int phase = atomic_load_explicit(&p->bar_phase, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == p->n - 1) {
-        atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&p->bar_phase, 1, memory_order_release);
-        return;
-    }
-    int spins = 0;
-    while (atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase) {
         backoff(&spins);
     }
 }

@@ -1,6 +1,6 @@
-/* A persistent thread pool: started once per model, one pd_pool_run per forward step.
- * Inside a run, all threads execute the same task function and meet at pd_barrier between
- * dependent phases (ggml-style), so a whole forward step costs one wake-up, not one per op. */
+/* A persistent thread pool: started once per model, one run per forward step. Inside a run,
+ * all threads execute the same task function and share each phase's work in chunks (below),
+ * so a whole forward step costs one wake-up, not one per op. */
 #ifndef PD_THREADPOOL_H
 #define PD_THREADPOOL_H
 
@@ -10,10 +10,9 @@ typedef void (*pd_task_fn)(void *ctx, int ith, int nth);
 pd_pool *pd_pool_new(int n_threads);
 void pd_pool_free(pd_pool *p);
 int pd_pool_size(const pd_pool *p);
-/* Runs fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are done. */
+/* Runs fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are done
+ * (the bandwidth probe; a forward step uses pd_pool_run_async). */
 void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx);
-/* Inside a task: waits until every thread of the pool has reached it. */
-void pd_barrier(pd_pool *p);
 
 /* Dynamic work sharing inside a step. A phase is n chunks taken by whichever threads come; a
  * thread that runs out of chunks waits only for the chunks still in flight, never for a thread
@@ -31,7 +30,7 @@ typedef struct {
 
 typedef struct { pd_phase *phases; uint32_t epoch; int idx; int ith; } pd_worker;
 
-/* Resets phases [0, n) for a new step with this epoch (before pd_pool_run). */
+/* Resets phases [0, n) for a new step with this epoch (before the run). */
 void pd_phases_reset(pd_phase *phases, int n, uint32_t epoch);
 /* The next chunk of the current phase, or -1 when none are left (or the step is over). */
 int pd_chunk(pd_worker *w, int n_chunks);
@@ -43,13 +42,4 @@ int pd_phase_end(pd_worker *w, int n_chunks);
  * the step's phases tell when the work is done, late workers drop out by epoch. */
 void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx);
 
-/* The [start, end) share of n items for thread ith of nth, in multiples of `align`. */
-static inline void pd_split(int n, int ith, int nth, int align, int *start, int *end) {
-    int units = (n + align - 1) / align;
-    int per = units / nth, extra = units % nth;
-    int u0 = ith * per + (ith < extra ? ith : extra);
-    int u1 = u0 + per + (ith < extra ? 1 : 0);
-    *start = u0 * align < n ? u0 * align : n;
-    *end = u1 * align < n ? u1 * align : n;
-}
 #endif

@@ -1,6 +1,7 @@
-/* The sampling summary of summary.h: folding chunks of hot logits, and the draw from it. */
-#include "summary.h"
-#include "fkey.h"
+/* The sampling summary of sampling/summary.h: folding chunks of hot logits, and the draw from it. */
+#include "core/model.h"
+#include "sampling/summary.h"
+#include "sampling/fkey.h"
 #include "pydecode.h"
 
 #include <math.h>
@@ -35,12 +36,13 @@ static void select_best(int32_t *id, float *val, int n, int k) {
 
 void pd_summ_reset(pd_summ_list *l) { l->n = 0; l->thr = -INFINITY; }
 
-void pd_summ_fold(pd_summ_list *l, const float *x, int r0, int n, float inv_t, float *cmax, double *csum) {
+void pd_summ_fold(const pd_kernels *K, pd_summ_list *l, const float *x, int r0, int n, float inv_t, float *cmax,
+                  double *csum) {
     const float mx = pd_max_f32(x, n);
     *cmax = mx;
-    *csum = mx == -INFINITY ? 0.0 : pd_sum_exp(NULL, x, n, inv_t, mx);
+    *csum = mx == -INFINITY ? 0.0 : K->sum_exp(x, n, inv_t, mx);
     if (!(mx > l->thr)) return;               /* nothing here beats the list: the common case */
-    const int got = pd_collect_above(NULL, x, n, l->thr, l->idx);
+    const int got = K->collect_above(x, n, l->thr, l->idx);
     for (int i = 0; i < got; i++) {
         l->id[l->n + i] = r0 + l->idx[i];
         l->val[l->n + i] = x[l->idx[i]];
@@ -98,4 +100,34 @@ done:
     free(key);
     free(vals);
     return rc;
+}
+
+/* ---------------- the model's summary: turned on per step by the Engine, drawn from here ---------------- */
+
+int pd_model_set_summary(pd_model *m, float inv_t) {
+    if (!m) return PD_EINVAL;
+    if (!(inv_t >= 0.0f) || isinf(inv_t)) return pd_set_err(m->err, sizeof m->err, "summary inv_t must be finite and >= 0");
+    if (inv_t > 0 && !m->summ) {
+        const int ch = pd_chunk_rows(m->c.n_vocab);
+        if (ch > PD_SUMM_CHUNK) return pd_set_err(m->err, sizeof m->err, "head chunks exceed the summary's");
+        m->summ_chunks = N_CHUNKS(m->c.n_vocab, ch);
+        m->summ = aligned_alloc(64, ((size_t)m->c.n_threads * sizeof(pd_summ_list) + 63) / 64 * 64);
+        m->summ_cmax = malloc((size_t)m->summ_chunks * sizeof(float));
+        m->summ_csum = malloc((size_t)m->summ_chunks * sizeof(double));
+        if (!m->summ || !m->summ_cmax || !m->summ_csum) {
+            free(m->summ); free(m->summ_cmax); free(m->summ_csum);
+            m->summ = NULL; m->summ_cmax = NULL; m->summ_csum = NULL;
+            pd_set_err(m->err, sizeof m->err, "out of memory for the sampling summary");
+            return PD_ENOMEM;
+        }
+    }
+    m->summ_inv_t = inv_t;
+    m->summ_ready = 0;
+    return PD_OK;
+}
+
+int pd_model_sample(pd_model *m, int top_k, double top_p, double min_p, double u01) {
+    if (!m || !m->summ_ready) return -2;
+    return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
+                          top_k, m->summ_inv_t, top_p, min_p, u01);
 }

@@ -1,21 +1,13 @@
 /* Vocabulary-wide sampling primitives, beside the core: Python keeps the policy (sampling.py),
  * these keep a step's sampling cost far below the forward pass even on a 262k-token vocabulary.
- * Portable C; the exp-sum has an AVX2 twin in sampling_avx2.c (picked at run time). */
+ * Portable C over the kernel table's two vocabulary passes (sum_exp, collect_above). */
 #include "pydecode.h"
-#include "fkey.h"
+#include "kernels/kernels.h"
+#include "sampling/fkey.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(PD_HAVE_AVX2)
-double pd_sum_exp_avx2(const float *x, int n, float scale, float shift);
-int pd_collect_above_avx2(const float *x, int n, float t, int32_t *out);
-#endif
-#if defined(PD_HAVE_AVX512)
-double pd_sum_exp_avx512(const float *x, int n, float scale, float shift);
-int pd_collect_above_avx512(const float *x, int n, float t, int32_t *out);
-#endif
 
 float pd_max_f32(const float *x, int n) {
     /* 8 independent lanes so the compiler vectorizes without -ffast-math */
@@ -30,64 +22,21 @@ float pd_max_f32(const float *x, int n) {
     return r;
 }
 
-static double sum_exp_scalar(const float *x, int n, float scale, float shift) {
-    double s = 0.0;
-    for (int i = 0; i < n; i++) s += expf(scale * (x[i] - shift));
-    return s;
-}
-
-/* Which twin of a vocabulary pass runs: isa NULL means the best this build and CPU have;
- * "avx512" / "avx2" / "scalar" ask for one (an unavailable one falls back to the next best). */
-enum { PASS_SCALAR, PASS_AVX2, PASS_AVX512 };
-static int pass_isa(const char *isa) {
-#if defined(PD_HAVE_AVX512)
-    if ((!isa || strcmp(isa, "avx512") == 0) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-        return PASS_AVX512;
-#endif
-#if defined(PD_HAVE_AVX2)
-    if (!(isa && strcmp(isa, "scalar") == 0) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return PASS_AVX2;
-#endif
-    (void)isa;
-    return PASS_SCALAR;
-}
-
+/* The vocabulary passes are kernel-table entries (kernels/kernels.h: sum_exp, collect_above),
+ * so one dispatcher picks them for the whole core: isa names a table ("scalar", "avx2", ...), or
+ * NULL for the one $PYDECODE_ISA names, else the best this CPU has (one that cannot run here
+ * gives way to the best). */
 double pd_sum_exp(const char *isa, const float *x, int n, float scale, float shift) {
-    switch (pass_isa(isa)) {
-#if defined(PD_HAVE_AVX512)
-    case PASS_AVX512: return pd_sum_exp_avx512(x, n, scale, shift);
-#endif
-#if defined(PD_HAVE_AVX2)
-    case PASS_AVX2: return pd_sum_exp_avx2(x, n, scale, shift);
-#endif
-    default: return sum_exp_scalar(x, n, scale, shift);
-    }
-}
-
-static int collect_above_scalar(const float *x, int n, float t, int32_t *out) {
-    int nc = 0;
-    for (int i = 0; i < n; i += 16) {
-        int end = i + 16 < n ? i + 16 : n, any = 0;
-        for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
-        if (!any) continue;
-        for (int q = i; q < end; q++) if (x[q] > t) out[nc++] = q;
-    }
-    return nc;
+    return pd_kernels_or_best(isa)->sum_exp(x, n, scale, shift);
 }
 
 /* The ids i (ascending) with x[i] > t, into out (room for n + 16); returns how many. top-k's
- * pass over the whole vocabulary: SIMD where the CPU has it (isa as for pd_sum_exp). */
+ * pass over the whole vocabulary. */
 int pd_collect_above(const char *isa, const float *x, int n, float t, int32_t *out) {
-    switch (pass_isa(isa)) {
-#if defined(PD_HAVE_AVX512)
-    case PASS_AVX512: return pd_collect_above_avx512(x, n, t, out);
-#endif
-#if defined(PD_HAVE_AVX2)
-    case PASS_AVX2: return pd_collect_above_avx2(x, n, t, out);
-#endif
-    default: return collect_above_scalar(x, n, t, out);
-    }
+    return pd_kernels_or_best(isa)->collect_above(x, n, t, out);
 }
+
+const char *pd_sampler_isa(const char *isa) { return pd_kernels_or_best(isa)->name; }
 
 /* min-heap of (value, id) on the k best seen so far; ties keep the lower id (deterministic) */
 static int worse(float va, int32_t ia, float vb, int32_t ib) { return va < vb || (va == vb && ia > ib); }

@@ -1,10 +1,11 @@
-/* The K-quant tiles of the 256-bit kernel files, shared by kernels_avx2.c and
- * kernels_avxvnni.c (included by each, compiled with its flags). The includer defines
+/* The K-quant tiles of the 256-bit kernel files, shared by kernels/x86/avx2.c and
+ * kernels/x86/avxvnni.c (included by each, compiled with its flags). The includer defines
  * PD_KDOT(acc, pairs, sc): acc + the int16 pair sums times the int16 scales, in int32 lanes
  * (vpmaddwd + vpaddd on AVX2, one vpdpwssd with AVX-VNNI). */
 #ifndef PD_KQUANT_X86_H
 #define PD_KQUANT_X86_H
-#include "x86_common.h"
+#include "kernels/x86/common.h"
+#include "kernels/x86/tiles.h"
 
 /* ---------------------------------------------------------------- K-quants x pd_q8k
  *
@@ -156,54 +157,10 @@ AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) { isum[c][r] = is[c]; isum[c][4 + r] = ms[c]; }
         }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++)
-#pragma GCC unroll 4
-            for (int r = R; r < 4; r++) isum[c][r] = isum[c][4 + r] = _mm256_setzero_si256();
-        const __m128 d = load_h4(wb + k_d_off(T), ws, R);
-        if (k_has_min(T)) {
-            const __m128 dmin = load_h4(wb + k_d_off(T) + 2, ws, R);
-            const __m256 dd = _mm256_set_m128(_mm_xor_ps(dmin, _mm_set1_ps(-0.0f)), d);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++)
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[c])),
-                                         _mm256_mul_ps(dd, _mm256_set1_ps(xb[c]->d)), acc[c]);
-        } else {
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                const __m128 s = _mm_cvtepi32_ps(reduce4(isum[c]));
-                const __m128 a = _mm_fmadd_ps(s, _mm_mul_ps(d, _mm_set1_ps(xb[c]->d)),
-                                              _mm256_castps256_ps128(acc[c]));
-                acc[c] = _mm256_castps128_ps256(a);   /* upper half unused */
-            }
-        }
+        k_accumulate(T, R, C, wb, ws, isum, xb, acc);
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++) {
-        float v[8];
-        _mm256_storeu_ps(v, acc[c]);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[c * ys + r] = k_has_min(T) ? v[r] + v[4 + r] : v[r];
-    }
+    k_store(T, R, C, acc, y, ys);
 }
 
-#define K_MATMUL(name, T)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
-                     int ncols, float *y, size_t ys) {                                       \
-        const int nb = k / PD_QKK;                                                            \
-        RUN_TILES(KCMAX, K_TILE_##T)                                                          \
-    }
-#define K_TILE(T, R_, C_, r, c)                                                               \
-    tile_k(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
-           y + (c) * ys + (r), ys)
-#define K_TILE_T_Q2_K(R_, C_, r, c) K_TILE(T_Q2_K, R_, C_, r, c)
-#define K_TILE_T_Q3_K(R_, C_, r, c) K_TILE(T_Q3_K, R_, C_, r, c)
-#define K_TILE_T_Q4_K(R_, C_, r, c) K_TILE(T_Q4_K, R_, C_, r, c)
-#define K_TILE_T_Q5_K(R_, C_, r, c) K_TILE(T_Q5_K, R_, C_, r, c)
-#define K_TILE_T_Q6_K(R_, C_, r, c) K_TILE(T_Q6_K, R_, C_, r, c)
-K_MATMUL(matmul_q2_k, T_Q2_K)
-K_MATMUL(matmul_q3_k, T_Q3_K)
-K_MATMUL(matmul_q4_k, T_Q4_K)
-K_MATMUL(matmul_q5_k, T_Q5_K)
-K_MATMUL(matmul_q6_k, T_Q6_K)
+PD_K_MATMULS   /* matmul_q2_k .. matmul_q6_k over tile_k (tiles.h) */
 #endif

@@ -1,6 +1,6 @@
 /* Kernel entry points for tests and benchmarks: validate everything, then call one table entry.
  * Bad input returns PD_EINVAL (never a crash): these are reachable from Python with any args. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "pydecode.h"
 #include <math.h>
 #include <stdlib.h>
@@ -13,8 +13,6 @@ int pd_kernel_quantize_q8(const char *isa, const float *x, void *out, int k) {
     return PD_OK;
 }
 
-/* Not (yet) in pydecode.h, so not in the cffi module: the tests reach it through ctypes. */
-int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k);
 int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k) {
     const pd_kernels *kt = pd_kernels_select(isa);
     if (!kt || !kt->quantize_q8k || !x || !out || k <= 0 || k % PD_QKK) return PD_EINVAL;
@@ -93,7 +91,7 @@ int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, cons
     if (!kt || !q || !k || !v || !out || n_pos <= 0 || head_dim <= 0) return PD_EINVAL;
     float *p = malloc((size_t)n_pos * sizeof(float));
     if (!p) return PD_ENOMEM;
-    /* the same kernel calls as attend() in model.c */
+    /* the same kernel calls as attend() in core/forward.c */
     kt->attn_scores(q, k, (size_t)head_dim, n_pos, head_dim, scale, f16, p);
     float mx = -INFINITY;
     for (int i = 0; i < n_pos; i++) mx = p[i] > mx ? p[i] : mx;

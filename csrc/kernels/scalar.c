@@ -1,7 +1,7 @@
 /* Portable reference kernels: plain C, one output at a time, written for clarity.
  * They define the exact arithmetic the SIMD tables must agree with: per 32-value block an
  * exact integer dot product, then one float multiply-add into a float row sum. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <math.h>
 #include <string.h>
 
@@ -112,16 +112,18 @@ static inline void matmul_q8act(float (*blk)(const void *, const pd_q8 *), size_
     }
 }
 
-#define Q8ACT_MATMUL(name, blk, block_t)                                                       \
+/* A table entry over one of the two loops: legacy formats (matmul_q8act, a block's dot per
+ * format) and K-quants (matmul_q8kact, per type id). */
+#define SCALAR_MATMUL(name, loop, format, block_t)                                              \
     static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
                      int ncols, float *y, size_t ys) {                                        \
-        matmul_q8act(blk, sizeof(block_t), k, w, ws, nrows, x, xs, ncols, y, ys);            \
+        loop(format, sizeof(block_t), k, w, ws, nrows, x, xs, ncols, y, ys);                 \
     }
-Q8ACT_MATMUL(matmul_q8_0, blk_q8_0, pd_block_q8_0)
-Q8ACT_MATMUL(matmul_q4_0, blk_q4_0, pd_block_q4_0)
-Q8ACT_MATMUL(matmul_q4_1, blk_q4_1, pd_block_q4_1)
-Q8ACT_MATMUL(matmul_q5_0, blk_q5_0, pd_block_q5_0)
-Q8ACT_MATMUL(matmul_q5_1, blk_q5_1, pd_block_q5_1)
+SCALAR_MATMUL(matmul_q8_0, matmul_q8act, blk_q8_0, pd_block_q8_0)
+SCALAR_MATMUL(matmul_q4_0, matmul_q8act, blk_q4_0, pd_block_q4_0)
+SCALAR_MATMUL(matmul_q4_1, matmul_q8act, blk_q4_1, pd_block_q4_1)
+SCALAR_MATMUL(matmul_q5_0, matmul_q8act, blk_q5_0, pd_block_q5_0)
+SCALAR_MATMUL(matmul_q5_1, matmul_q8act, blk_q5_1, pd_block_q5_1)
 
 /* The legacy formats repacked by 16 rows (kernels.h: PD_*_R16): the AVX-512 kernel's arithmetic,
  * lane by lane, so the two agree bit for bit: per block, the integer dot sum(u * a), then
@@ -195,16 +197,11 @@ static inline void matmul_q8kact(int type, size_t bbytes, int k, const void *w, 
     }
 }
 
-#define Q8KACT_MATMUL(name, type, block_t)                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
-                     int ncols, float *y, size_t ys) {                                        \
-        matmul_q8kact(type, sizeof(block_t), k, w, ws, nrows, x, xs, ncols, y, ys);          \
-    }
-Q8KACT_MATMUL(matmul_q2_k, PD_Q2_K, pd_block_q2_k)
-Q8KACT_MATMUL(matmul_q3_k, PD_Q3_K, pd_block_q3_k)
-Q8KACT_MATMUL(matmul_q4_k, PD_Q4_K, pd_block_q4_k)
-Q8KACT_MATMUL(matmul_q5_k, PD_Q5_K, pd_block_q5_k)
-Q8KACT_MATMUL(matmul_q6_k, PD_Q6_K, pd_block_q6_k)
+SCALAR_MATMUL(matmul_q2_k, matmul_q8kact, PD_Q2_K, pd_block_q2_k)
+SCALAR_MATMUL(matmul_q3_k, matmul_q8kact, PD_Q3_K, pd_block_q3_k)
+SCALAR_MATMUL(matmul_q4_k, matmul_q8kact, PD_Q4_K, pd_block_q4_k)
+SCALAR_MATMUL(matmul_q5_k, matmul_q8kact, PD_Q5_K, pd_block_q5_k)
+SCALAR_MATMUL(matmul_q6_k, matmul_q8kact, PD_Q6_K, pd_block_q6_k)
 
 /* Float-activation formats: weight value i of a row, as float. */
 static inline float wf_f32(const void *w, int i) { return ((const float *)w)[i]; }
@@ -280,7 +277,7 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
     }
 }
 
-/* The gated FFN activation (the formulas model.c used: x / (1 + exp(-z))). */
+/* The gated FFN activation (the plain formulas: x / (1 + exp(-z))). */
 static void act_mul(float *g, const float *u, int n, int gelu) {
     for (int i = 0; i < n; i++) {
         const float x = g[i], z = gelu ? 1.5957691216f * (x + 0.044715f * x * x * x) : x;
@@ -288,18 +285,22 @@ static void act_mul(float *g, const float *u, int n, int gelu) {
     }
 }
 
-const pd_kernels pd_kernels_scalar = {
-    .name = "scalar",
-    .quantize_q8 = quantize_q8,
-    .quantize_q8k = quantize_q8k,
-    .matmul = {
-        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
-        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
-        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
-        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
-        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
-    },
-    .f32_to_f16 = f32_to_f16,
-    .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
-    .act_mul = act_mul,
-};
+/* The sampler's vocabulary passes (kernels.h). */
+static double sum_exp(const float *x, int n, float scale, float shift) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += expf(scale * (x[i] - shift));
+    return s;
+}
+
+static int collect_above(const float *x, int n, float t, int32_t *out) {
+    int nc = 0;
+    for (int i = 0; i < n; i += 16) {
+        int end = i + 16 < n ? i + 16 : n, any = 0;
+        for (int q = i; q < end; q++) any |= x[q] > t;            /* vectorized block test */
+        if (!any) continue;
+        for (int q = i; q < end; q++) if (x[q] > t) out[nc++] = q;
+    }
+    return nc;
+}
+
+const pd_kernels pd_kernels_scalar = PD_KERNEL_TABLE("scalar");

@@ -15,10 +15,10 @@
  * ~43 (Q8_0) GB/s single-threaded on a Zen 4 (hot-cache Q4_1 is compute-bound at ~25).
  */
 #if defined(__AVX2__)
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <immintrin.h>
 #include <math.h>
-#include "exp_avx2.h"
+#include "kernels/x86/exp.h"
 #include <stddef.h>
 #include <string.h>
 
@@ -35,7 +35,8 @@
 #ifndef PF_DIST
 #define PF_DIST 4096 /* bytes ahead per weight row (measured: 1024 -> 4096 = +15..70% cold GB/s) */
 #endif
-#include "x86_common.h"
+#include "kernels/x86/common.h"
+#include "kernels/x86/tiles.h"
 
 /* ---------------------------------------------------------------- activation quantization */
 
@@ -190,30 +191,12 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     }
 }
 
-#define Q_MATMUL(name, T)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
-                     int ncols, float *y, size_t ys) {                                       \
-        const int nb = k / PD_QK;                                                             \
-        RUN_TILES(QCMAX, Q_TILE_##T)                                                          \
-    }
-#define Q_TILE(T, R_, C_, r, c)                                                               \
-    tile_q(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
-           y + (c) * ys + (r), ys)
-#define Q_TILE_T_Q4_0(R_, C_, r, c) Q_TILE(T_Q4_0, R_, C_, r, c)
-#define Q_TILE_T_Q4_1(R_, C_, r, c) Q_TILE(T_Q4_1, R_, C_, r, c)
-#define Q_TILE_T_Q5_0(R_, C_, r, c) Q_TILE(T_Q5_0, R_, C_, r, c)
-#define Q_TILE_T_Q5_1(R_, C_, r, c) Q_TILE(T_Q5_1, R_, C_, r, c)
-#define Q_TILE_T_Q8_0(R_, C_, r, c) Q_TILE(T_Q8_0, R_, C_, r, c)
-Q_MATMUL(matmul_q4_0, T_Q4_0)
-Q_MATMUL(matmul_q4_1, T_Q4_1)
-Q_MATMUL(matmul_q5_0, T_Q5_0)
-Q_MATMUL(matmul_q5_1, T_Q5_1)
-Q_MATMUL(matmul_q8_0, T_Q8_0)
+PD_Q_MATMULS   /* matmul_q4_0 .. matmul_q8_0 over tile_q (tiles.h) */
 
 /* ---------------------------------------------------------------- K-quants x pd_q8k
- * (kquant_x86.h, see there) with vpmaddwd + vpaddd. */
+ * (kernels/x86/kquant.h, see there) with vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_add_epi32((acc), _mm256_madd_epi16((sc), (pairs)))
-#include "kquant_x86.h"
+#include "kernels/x86/kquant.h"
 
 /* ---------------------------------------------------------------- float formats x float */
 
@@ -392,23 +375,49 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
         for (int i = 0; i < n; i++) out[j0] += w[i] * ld_kv1(v, (size_t)i * stride + j0, f16);
 }
 
-const pd_kernels pd_kernels_avx2 = {
-    .name = "avx2",
-    .quantize_q8 = quantize_q8,
-    .quantize_q8k = quantize_q8k,
-    .matmul = {
-        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
-        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
-        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
-        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
-        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
-    },
-    .f32_to_f16 = f32_to_f16,
-    .attn_scores = attn_scores, .exp_sub = exp_sub, .attn_accum = attn_accum,
-    .act_mul = act_mul,
-};
+/* ---------------------------------------------------------------- the sampler's vocabulary passes */
 
-/* Entries the AVX-VNNI and AVX-512 tables reuse (kernels_avxvnni.c, kernels_avx512.c): where
+static double sum_exp(const float *x, int n, float scale, float shift) {
+    __m256 vs = _mm256_set1_ps(scale), vsh = _mm256_set1_ps(shift);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_ps(a0, exp256(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i), vsh))));
+        a1 = _mm256_add_ps(a1, exp256(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vsh))));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
+    double s = 0.0;
+    for (int j = 0; j < 8; j++) s += lanes[j];
+    for (; i < n; i++) {
+        __m256 t = exp256(_mm256_set1_ps(scale * (x[i] - shift)));
+        s += _mm256_cvtss_f32(t);
+    }
+    return s;
+}
+
+/* The ids i (ascending) with x[i] > t, written to out; returns how many. */
+static int collect_above(const float *x, int n, float t, int32_t *out) {
+    const __m256 vt = _mm256_set1_ps(t);
+    int nc = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const int m0 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vt, _CMP_GT_OQ));
+        const int m1 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), vt, _CMP_GT_OQ));
+        const int m2 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), vt, _CMP_GT_OQ));
+        const int m3 = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), vt, _CMP_GT_OQ));
+        unsigned m = (unsigned)m0 | (unsigned)m1 << 8 | (unsigned)m2 << 16 | (unsigned)m3 << 24;
+        while (m) {                           /* the set bits, lowest first */
+            out[nc++] = i + __builtin_ctz(m);
+            m &= m - 1;
+        }
+    }
+    for (; i < n; i++) if (x[i] > t) out[nc++] = i;
+    return nc;
+}
+
+const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2");
+
+/* Entries the AVX-VNNI and AVX-512 tables reuse (kernels/x86/avxvnni.c, kernels/x86/avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */
 #define PD_AVX2_EXPORT(fn) extern __typeof__(fn) pd_avx2_##fn __attribute__((alias(#fn)));
 PD_AVX2_EXPORT(quantize_q8)
@@ -422,4 +431,6 @@ PD_AVX2_EXPORT(f32_to_f16)
 PD_AVX2_EXPORT(attn_scores)
 PD_AVX2_EXPORT(exp_sub)
 PD_AVX2_EXPORT(attn_accum)
+PD_AVX2_EXPORT(sum_exp)
+PD_AVX2_EXPORT(collect_above)
 #endif

@@ -2,7 +2,7 @@
  * (Intel Alder Lake and later client cores; this file alone is compiled with -mavxvnni -mavx2
  * -mfma -mf16c).
  *
- * The block formats are kernels_avx2.c's with VNNI for the integer dots:
+ * The block formats are kernels/x86/avx2.c's with VNNI for the integer dots:
  *  - legacy formats x pd_q8: the weight quants of a block are unpacked to 32 UNSIGNED bytes u
  *    (q4: nibbles, q5: 0..31, q8_0: w ^ 0x80 = w + 128) and one vpdpbusd against the activation
  *    bytes gives 8 int32 sums (it replaces vpmaddubsw + vpmaddwd, and q8_0's sign trick). The
@@ -11,13 +11,13 @@
  *  - K-quants x pd_q8k: vpmaddubsw pair sums, then vpdpwssd multiplies them by the int16
  *    sub-block scales and accumulates (it replaces vpmaddwd + vpaddd).
  * Activation quantization, float formats and the attention helpers gain nothing from VNNI:
- * this table points at the AVX2 functions (exported by kernels_avx2.c as pd_avx2_*), and so
+ * this table points at the AVX2 functions (exported by kernels/x86/avx2.c as pd_avx2_*), and so
  * does Q8_0 for one column (decode; see matmul_q8_0).
- * Tiling, prefetch and reductions as in kernels_avx2.c; each row's result is computed the same
+ * Tiling, prefetch and reductions as in kernels/x86/avx2.c; each row's result is computed the same
  * way whatever tile it falls in.
  */
 #if defined(__AVXVNNI__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -33,20 +33,10 @@
 #ifndef PF_DIST
 #define PF_DIST 4096
 #endif
-#include "x86_common.h"
+#include "kernels/x86/common.h"
 
-/* kernels_avx2.c */
-void pd_avx2_quantize_q8(const float *x, pd_q8 *y, int k);
-void pd_avx2_quantize_q8k(const float *x, pd_q8k *y, int k);
-void pd_avx2_matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                         int ncols, float *y, size_t ys);
-void pd_avx2_matmul_f32(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                        int ncols, float *y, size_t ys);
-void pd_avx2_matmul_f16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                        int ncols, float *y, size_t ys);
-void pd_avx2_matmul_bf16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                         int ncols, float *y, size_t ys);
-void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
+#include "kernels/x86/avx2_exports.h"
+#include "kernels/x86/tiles.h"
 
 /* ---------------------------------------------------------------- block formats x pd_q8 */
 
@@ -113,31 +103,15 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     }
 }
 
-/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
- * groups of up to CM. TILE(R, C, row0, col0) must be a macro of constant R, C. */
-#define Q_MATMUL(name, T)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
-                     int ncols, float *y, size_t ys) {                                       \
-        const int nb = k / PD_QK;                                                             \
-        RUN_TILES(QCMAX, Q_TILE_##T)                                                          \
-    }
-#define Q_TILE(T, R_, C_, r, c)                                                               \
-    tile_q(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
-           y + (c) * ys + (r), ys)
-#define Q_TILE_T_Q4_0(R_, C_, r, c) Q_TILE(T_Q4_0, R_, C_, r, c)
-#define Q_TILE_T_Q4_1(R_, C_, r, c) Q_TILE(T_Q4_1, R_, C_, r, c)
-#define Q_TILE_T_Q5_0(R_, C_, r, c) Q_TILE(T_Q5_0, R_, C_, r, c)
-#define Q_TILE_T_Q5_1(R_, C_, r, c) Q_TILE(T_Q5_1, R_, C_, r, c)
-#define Q_TILE_T_Q8_0(R_, C_, r, c) Q_TILE(T_Q8_0, R_, C_, r, c)
-Q_MATMUL(matmul_q4_0, T_Q4_0)
-Q_MATMUL(matmul_q4_1, T_Q4_1)
-Q_MATMUL(matmul_q5_0, T_Q5_0)
-Q_MATMUL(matmul_q5_1, T_Q5_1)
-Q_MATMUL(matmul_q8_0_tiles, T_Q8_0)
+PD_Q_MATMUL(matmul_q4_0, T_Q4_0)   /* over tile_q (tiles.h) */
+PD_Q_MATMUL(matmul_q4_1, T_Q4_1)
+PD_Q_MATMUL(matmul_q5_0, T_Q5_0)
+PD_Q_MATMUL(matmul_q5_1, T_Q5_1)
+PD_Q_MATMUL(matmul_q8_0_tiles, T_Q8_0)
 
 /* Q8_0 decode (one column) is memory-bound with the AVX2 loop already; this one (+15% from L3)
  * streamed ~10% slower from DRAM where it was measured (a Zen 5: faster loops on the byte-heavy
- * formats lost DRAM throughput there, see kernels_avx512.c), so one column goes to AVX2's.
+ * formats lost DRAM throughput there, see kernels/x86/avx512.c), so one column goes to AVX2's.
  * The tiles above compute exactly its arithmetic (the same 8 int32 sums of 4 products per
  * block, scales, fmadds and reduction), so decode and prefill give the same bits. */
 static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
@@ -147,11 +121,11 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
 }
 
 /* ---------------------------------------------------------------- K-quants x pd_q8k
- * (kquant_x86.h, see there) with vpdpwssd for vpmaddwd + vpaddd. */
+ * (kernels/x86/kquant.h, see there) with vpdpwssd for vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_dpwssd_avx_epi32((acc), (pairs), (sc))
-#include "kquant_x86.h"
+#include "kernels/x86/kquant.h"
 
-/* The legacy formats repacked by 16 rows (PD_*_R16, kernels.h), as kernels_avx512.c does them
+/* The legacy formats repacked by 16 rows (PD_*_R16, kernels.h), as kernels/x86/avx512.c does them
  * with 256-bit registers: a group's 16 rows in two passes of 8 (the low and the high 32 bytes
  * of each 64-byte record register), so the 8 unpacked registers, up to 4 column accumulators
  * and the broadcasts fit the 16 ymm registers. Each lane does exactly the AVX-512 kernel's
@@ -239,29 +213,9 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
     }
 }
 
-PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (x86_common.h) */
+PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (kernels/x86/common.h) */
 
-/* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
-void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
-float pd_avx2_exp_sub(float *x, int n, float shift);
-void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
-void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
-
-const pd_kernels pd_kernels_avxvnni = {
-    .name = "avxvnni",
-    .quantize_q8 = pd_avx2_quantize_q8,
-    .quantize_q8k = pd_avx2_quantize_q8k,
-    .matmul = {
-        [PD_F32] = pd_avx2_matmul_f32, [PD_F16] = pd_avx2_matmul_f16, [PD_BF16] = pd_avx2_matmul_bf16,
-        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
-        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
-        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
-        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
-        [PD_Q4_0_R16] = matmul_q4_0_r16, [PD_Q4_1_R16] = matmul_q4_1_r16, [PD_Q5_0_R16] = matmul_q5_0_r16,
-        [PD_Q5_1_R16] = matmul_q5_1_r16, [PD_Q8_0_R16] = matmul_q8_0_r16,
-    },
-    .f32_to_f16 = pd_avx2_f32_to_f16,
-    .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
-    .act_mul = pd_avx2_act_mul,
-};
+/* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
+ * nothing from VNNI (the header), nor do the sampler's passes. */
+const pd_kernels pd_kernels_avxvnni = PD_TABLE_OVER_AVX2("avxvnni", PD_BLOCK_MATMULS_OWN);
 #endif

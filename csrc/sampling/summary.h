@@ -1,4 +1,4 @@
-/* A step's logits summarized for the sampler while they are hot (sample_summary.c).
+/* A step's logits summarized for the sampler while they are hot (sampling/summary.c).
  *
  * Reading a 49k-262k logit vector after the step costs tens of microseconds: the output head
  * has streamed tens of MB of weights through the caches since those logits were written. So
@@ -12,6 +12,7 @@
 #ifndef PD_SUMMARY_H
 #define PD_SUMMARY_H
 #include <stdint.h>
+#include "kernels/kernels.h"
 
 #define PD_SUMM_K 256                 /* candidates kept: top-k up to this, else the full path */
 #define PD_SUMM_CAP 512               /* a list is cut back to PD_SUMM_K when it passes this */
@@ -27,8 +28,10 @@ typedef struct {
 
 void pd_summ_reset(pd_summ_list *l);
 /* Folds logits x[0..n) (ids r0..r0+n-1, n <= PD_SUMM_CHUNK) into list l and writes the chunk's
- * max and exp-sum (sum of exp((x - max) * inv_t)). */
-void pd_summ_fold(pd_summ_list *l, const float *x, int r0, int n, float inv_t, float *cmax, double *csum);
+ * max and exp-sum (sum of exp((x - max) * inv_t)), with the vocabulary passes of table K (the
+ * model's). */
+void pd_summ_fold(const pd_kernels *K, pd_summ_list *l, const float *x, int r0, int n, float inv_t, float *cmax,
+                  double *csum);
 /* The sampler's truncated draw (as pd_sample_truncated) from n_lists folded lists and n_chunks
  * chunk stats: the token id, or -1 when the summary cannot decide it (top_k above PD_SUMM_K, or
  * top-p / min-p needing more candidates than it holds): the caller then takes the full path. */

@@ -1,7 +1,7 @@
 /* A read-bandwidth probe: the ceiling decode speed is measured against (pydecode bench
  * --bandwidth). Each thread streams its share of one buffer; bytes / wall time of the slowest. */
 #include "pydecode.h"
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,9 @@
-/* x86 helpers shared by the 256/512-bit kernel files (kernels_avx2.c, kernels_avxvnni.c,
- * kernels_avx512.c). Included, not linked: each file compiles them with its own ISA flags.
+/* x86 helpers shared by the 256/512-bit kernel files (kernels/x86/avx2.c, kernels/x86/avxvnni.c,
+ * kernels/x86/avx512.c). Included, not linked: each file compiles them with its own ISA flags.
  * The includer defines PF_DIST first. */
 #ifndef PD_X86_COMMON_H
 #define PD_X86_COMMON_H
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -132,6 +132,45 @@ AI int k_has_min(int T) { return T == T_Q2_K || T == T_Q4_K || T == T_Q5_K; }
 AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with a minimum) */
     return T == T_Q2_K ? offsetof(pd_block_q2_k, d) : T == T_Q3_K ? offsetof(pd_block_q3_k, d)
          : T == T_Q6_K ? offsetof(pd_block_q6_k, d) : 0;
+}
+
+/* The end of a K-quant tile's super-block, the same for every x86 table: the R rows' integer
+ * sums isum[c][r] (and min sums isum[c][4 + r]; rows past R zeroed here) scaled by d (and
+ * -dmin) and dx, accumulated into acc[c] (lanes 0..3 rows, 4..7 their minima) ... */
+AI void k_accumulate(int T, int R, int C, const char *wb, size_t ws, __m256i isum[][8],
+                     const pd_q8k *const *xb, __m256 *acc) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int r = R; r < 4; r++) isum[c][r] = isum[c][4 + r] = _mm256_setzero_si256();
+    const __m128 d = load_h4(wb + k_d_off(T), ws, R);
+    if (k_has_min(T)) {
+        const __m128 dmin = load_h4(wb + k_d_off(T) + 2, ws, R);
+        const __m256 dd = _mm256_set_m128(_mm_xor_ps(dmin, _mm_set1_ps(-0.0f)), d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[c])),
+                                     _mm256_mul_ps(dd, _mm256_set1_ps(xb[c]->d)), acc[c]);
+    } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m128 s = _mm_cvtepi32_ps(reduce4(isum[c]));
+            const __m128 a = _mm_fmadd_ps(s, _mm_mul_ps(d, _mm_set1_ps(xb[c]->d)),
+                                          _mm256_castps256_ps128(acc[c]));
+            acc[c] = _mm256_castps128_ps256(a);   /* upper half unused */
+        }
+    }
+}
+
+/* ... and after the last super-block, each row's value (plus its minimum term) into y. */
+AI void k_store(int T, int R, int C, const __m256 *acc, float *y, size_t ys) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float v[8];
+        _mm256_storeu_ps(v, acc[c]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[c * ys + r] = k_has_min(T) ? v[r] + v[4 + r] : v[r];
+    }
 }
 
 /* v holds 8 int16 scales, the same in both 128-bit halves: lanes 0..7 <- v[ia], 8..15 <- v[ib]

@@ -1,4 +1,4 @@
-/* The constants of the vector exp that exp_avx2.h (exp256) and sampling_avx512.c (exp512) both
+/* The constants of the vector exp that kernels/x86/exp.h (exp256) and kernels/x86/avx512.c (exp512) both
  * evaluate: exp(x) = 2^k * p(r), x = k*ln2 + r with ln2 split in two for an exact reduction,
  * |r| <= ln2/2, p a degree-6 polynomial (~2 ulp for x <= 0). Inputs below PD_EXP_MIN flush to 0
  * (their share of a softmax sum is below float resolution anyway). */

@@ -1,6 +1,6 @@
 /* Order-preserving 32-bit keys of floats (a larger float has a larger key; -0 == +0, as the
  * comparisons elsewhere see them), and back: the radix sorts and histograms of the sampler
- * (sampling.c) and of its summary (sample_summary.c) work on these. */
+ * (sampling.c) and of its summary (sampling/summary.c) work on these. */
 #ifndef PD_FKEY_H
 #define PD_FKEY_H
 #include <stdint.h>

@@ -5,7 +5,7 @@
  * the same) and reports the AVX/AVX2/FMA/AVX-VNNI features only when the OS saves the YMM state,
  * and the AVX-512 ones only when it also saves the opmask and all 32 ZMM registers (XCR0 bits
  * 5..7). So no separate XGETBV check is needed here. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "pydecode.h"
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,7 @@ static int cpu_has_avx2(void) {
 #endif
 }
 
-static int cpu_has_avx512(void) {   /* what kernels_avx512.c is compiled for */
+static int cpu_has_avx512(void) {   /* what kernels/x86/avx512.c is compiled for */
 #if defined(PD_X86) && defined(PD_HAVE_AVX512)
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -77,6 +77,11 @@ const pd_kernels *pd_kernels_select(const char *forced) {
         forced = env;
     }
     return by_name(forced);
+}
+
+const pd_kernels *pd_kernels_or_best(const char *isa) {
+    const pd_kernels *k = pd_kernels_select(isa);
+    return k ? k : best();
 }
 
 /* The best this CPU supports, ignoring PYDECODE_ISA. */

@@ -193,9 +193,10 @@ _Static_assert(sizeof(pd_q8k) == 292 && sizeof(pd_block_q2_k) == 84 &&
  * Column c of X starts at (const char*)x + c*x_stride, in the activation format of that type
  * (pd_q8[k/32] for PD_ACT_Q8, pd_q8k[k/256] for PD_ACT_Q8K, float[k] for PD_ACT_F32). ncols == 1 is the decode mat-vec;
  * ncols > 1 is prefill, where a kernel should reuse each loaded weight block for many columns. */
-typedef void (*pd_matmul_fn)(int k, const void *w, size_t w_stride, int nrows,
-                             const void *x, size_t x_stride, int ncols,
-                             float *y, size_t y_stride);
+typedef void pd_matmul_fn_t(int k, const void *w, size_t w_stride, int nrows,
+                            const void *x, size_t x_stride, int ncols,
+                            float *y, size_t y_stride);
+typedef pd_matmul_fn_t *pd_matmul_fn;
 
 typedef struct {
     const char *name;
@@ -212,7 +213,26 @@ typedef struct {
     /* The gated FFN activation, in place: g[i] = act(g[i]) * u[i], act = SiLU, or GELU (tanh
      * form) when gelu; both are z * sigmoid(.), computed from exp(-|.|) so nothing overflows. */
     void (*act_mul)(float *g, const float *u, int n, int gelu);
+    /* The sampler's vocabulary passes (sampling/): sum_exp = sum of exp(scale * (x[i] - shift));
+     * collect_above writes the ids i (ascending) with x[i] > t to out (room for n + 16: SIMD
+     * twins store whole vectors) and returns how many. */
+    double (*sum_exp)(const float *x, int n, float scale, float shift);
+    int (*collect_above)(const float *x, int n, float t, int32_t *out);
 } pd_kernels;
+
+/* A table over an ISA file's functions of the standard names: quantize_q8, quantize_q8k,
+ * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k), f32_to_f16,
+ * attn_scores, exp_sub, attn_accum, act_mul, sum_exp, collect_above. (A table that reuses
+ * another's entries: x86/avx2_exports.h.) */
+#define PD_KERNEL_TABLE(isa_name) {                                                             \
+    .name = isa_name, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,               \
+    .matmul = { [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,         \
+                [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,     \
+                [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0, [PD_Q2_K] = matmul_q2_k,     \
+                [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k, [PD_Q5_K] = matmul_q5_k,     \
+                [PD_Q6_K] = matmul_q6_k },                                                     \
+    .f32_to_f16 = f32_to_f16, .attn_scores = attn_scores, .exp_sub = exp_sub,                  \
+    .attn_accum = attn_accum, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above }
 
 extern const pd_kernels pd_kernels_scalar;
 #if defined(PD_HAVE_AVX2)
@@ -225,10 +245,13 @@ extern const pd_kernels pd_kernels_avx512;    /* AVX-512 F/BW/VL/DQ + AVX512-VNN
 extern const pd_kernels pd_kernels_avxvnni;   /* AVX2 + AVX-VNNI (256-bit VEX), no AVX-512 */
 #endif
 
-/* Picks the best table the CPU supports, or the one PYDECODE_ISA names (NULL if unknown/unsupported). */
+/* The table `forced` names, else the one $PYDECODE_ISA names, else the best this CPU supports;
+ * NULL if the named one is unknown or unsupported here. */
 const pd_kernels *pd_kernels_select(const char *forced);
+/* As pd_kernels_select, but never NULL: a table that cannot run here gives way to the best. */
+const pd_kernels *pd_kernels_or_best(const char *isa);
 
-/* Type traits (quant_common.c). */
+/* Type traits (kernels/quant.c). */
 int pd_type_block_size(int type);      /* values per block, 0 if unknown */
 size_t pd_type_block_bytes(int type);  /* bytes per block */
 int pd_type_act_format(int type);      /* PD_ACT_* */

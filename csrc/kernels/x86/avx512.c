@@ -1,4 +1,4 @@
-/* AVX-512 (F, BW, VL, DQ) + AVX512-VNNI kernels (this file alone is compiled with -mavx512f
+/* AVX-512 (F, BW, VL, DQ) + AVX512-VNNI kernels (this file and x86/avx512_kquant.c are compiled with -mavx512f
  * -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2; never AMX flags).
  *
  * Legacy block formats x pd_q8: two 32-value blocks per 512-bit register (Q8_0: two rows, see
@@ -12,7 +12,7 @@
  * one convert and one fmadd per row, column and block pair with dw*dx (the two blocks' scales
  * in the two halves, one vpermps per row). Measured on a Zen 5, one thread, 4096 x 4096: this
  * takes Q4_0..Q5_1 decode from 19-25 GB/s (AVX2) to 32-38, and prefill (16 columns) to
- * 1.7-2.3x AVX2; the 256-bit form (one block per vpdpbusd, as kernels_avxvnni.c) gains only
+ * 1.7-2.3x AVX2; the 256-bit form (one block per vpdpbusd, as kernels/x86/avxvnni.c) gains only
  * 5-15% over AVX2.
  *
  * K-quants x pd_q8k: a super-block row is 4 registers of 64 unpacked unsigned quants; vpmaddubsw
@@ -28,11 +28,11 @@
  * the Zen 5 measured (Q8_0, 171 MB: 25-27 GB/s vs 37-44 for AVX2, though 70 vs 50 from L3;
  * the 256-bit VNNI loop: ~10% less; prefetch distance, hints, density and row pairing did not
  * help, a loop doing the same work at half the rate did). So one column of those formats goes
- * to the AVX2 kernels (exported by kernels_avx2.c), and their prefill kernels here put two
+ * to the AVX2 kernels (exported by kernels/x86/avx2.c), and their prefill kernels here put two
  * ROWS in a register, each half doing exactly the AVX2 kernel's arithmetic: same bits for a
  * column whether it is decoded alone or prefilled with others.
  *
- * Tiling and prefetch as in kernels_avx2.c: R = 4 rows (or 1) x up to C = 4 columns per tile
+ * Tiling and prefetch as in kernels/x86/avx2.c: R = 4 rows (or 1) x up to C = 4 columns per tile
  * (measured best of 2..4), rows in lock-step, each row prefetched PF_DIST bytes ahead. Every
  * row's result is computed by the same instructions in the same order whatever tile it falls
  * in (R, C, its neighbours), so a forward pass is bit-identical for any split of the rows
@@ -41,42 +41,11 @@
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__)
-#include "kernels.h"
-#include <immintrin.h>
-#include <stddef.h>
-#include <string.h>
-
-/* Only the FMAs written below (see kernels_avx2.c). */
-#pragma GCC optimize("fp-contract=off")
-
-#ifndef QCMAX
-#define QCMAX 4 /* max columns per legacy-format tile */
-#endif
-#ifndef KCMAX
-#define KCMAX 4 /* K-quants */
-#endif
-#ifndef FCMAX
-#define FCMAX 4 /* float formats */
-#endif
-#ifndef PF_DIST
-#define PF_DIST 4096 /* bytes ahead per weight row */
-#endif
-#include "x86_common.h"
-
-/* kernels_avx2.c (always compiled with this file): the one-column kernels of the formats whose
- * decode this file does not speed up. */
-void pd_avx2_matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                         int ncols, float *y, size_t ys);
-void pd_avx2_matmul_f32(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                        int ncols, float *y, size_t ys);
-void pd_avx2_matmul_f16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                        int ncols, float *y, size_t ys);
-void pd_avx2_matmul_bf16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
-                         int ncols, float *y, size_t ys);
-
-AI float hsum512(__m512 v) {
-    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
+#include "kernels/x86/avx512.h"
+#include "kernels/exp_poly.h"
+/* avx2.c (always compiled with this file): the one-column kernels of the formats whose decode
+ * this file does not speed up, and the entries it reuses (see the table at the end). */
+#include "kernels/x86/avx2_exports.h"
 
 /* ---------------------------------------------------------------- activation quantization */
 
@@ -240,23 +209,10 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     }
 }
 
-#define Q_MATMUL(name, T)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
-                     int ncols, float *y, size_t ys) {                                       \
-        const int nb = k / PD_QK;                                                             \
-        RUN_TILES(QCMAX, Q_TILE_##T)                                                          \
-    }
-#define Q_TILE(T, R_, C_, r, c)                                                               \
-    tile_q(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
-           y + (c) * ys + (r), ys)
-#define Q_TILE_T_Q4_0(R_, C_, r, c) Q_TILE(T_Q4_0, R_, C_, r, c)
-#define Q_TILE_T_Q4_1(R_, C_, r, c) Q_TILE(T_Q4_1, R_, C_, r, c)
-#define Q_TILE_T_Q5_0(R_, C_, r, c) Q_TILE(T_Q5_0, R_, C_, r, c)
-#define Q_TILE_T_Q5_1(R_, C_, r, c) Q_TILE(T_Q5_1, R_, C_, r, c)
-Q_MATMUL(matmul_q4_0, T_Q4_0)
-Q_MATMUL(matmul_q4_1, T_Q4_1)
-Q_MATMUL(matmul_q5_0, T_Q5_0)
-Q_MATMUL(matmul_q5_1, T_Q5_1)
+PD_Q_MATMUL(matmul_q4_0, T_Q4_0)   /* over tile_q (tiles.h); Q8_0 below */
+PD_Q_MATMUL(matmul_q4_1, T_Q4_1)
+PD_Q_MATMUL(matmul_q5_0, T_Q5_0)
+PD_Q_MATMUL(matmul_q5_1, T_Q5_1)
 
 /* The legacy formats repacked by 16 rows (PD_*_R16, built at load: see kernels.h). A register
  * holds 4 quant bytes of each of 16 rows; the 4 activation bytes they pair with are broadcast,
@@ -341,11 +297,11 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
     }
 }
 
-PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (x86_common.h) */
+PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (kernels/x86/common.h) */
 
 /* Q8_0 prefill: a register holds block b of two ROWS (row 2p in the low half, 2p + 1 in the
  * high half) against the column's block b in both halves. Each half then accumulates its row
- * exactly as kernels_avx2.c's tile_q does (the same 8 int32 sums of 4 products per block,
+ * exactly as kernels/x86/avx2.c's tile_q does (the same 8 int32 sums of 4 products per block,
  * the same dw*dx, fmadds in block order, the same final reduction), so every output is
  * bit-identical to the AVX2 kernel's, which does Q8_0 decode (one column; see the header). */
 AI void tile_q8_rows(int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
@@ -389,7 +345,7 @@ AI void tile_q8_rows(int R, int C, int nb, const char *w, size_t ws, const char 
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {   /* + 0.0f: kernels_avx2.c adds its (zero) min term */
+        for (int r = 0; r < R; r++) {   /* + 0.0f: kernels/x86/avx2.c adds its (zero) min term */
             const __m512 a = acc[r / 2][c];
             y[c * ys + r] = hsum(r & 1 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a)) + 0.0f;
         }
@@ -399,7 +355,7 @@ AI void tile_q8_rows(int R, int C, int nb, const char *w, size_t ws, const char 
     tile_q8_rows(R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,   \
                  y + (c) * ys + (r), ys)
 
-/* Q8_0 decode (one column) streams 8.5 bits per weight: kernels_avx2.c's loop is memory-bound
+/* Q8_0 decode (one column) streams 8.5 bits per weight: kernels/x86/avx2.c's loop is memory-bound
  * already, and the faster loops of this file streamed less from DRAM (see the header). */
 static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
                         int ncols, float *y, size_t ys) {
@@ -412,220 +368,14 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
 }
 
 /* ---------------------------------------------------------------- K-quants x pd_q8k
- *
- * A super-block row is unpacked to 4 registers u[j] of 64 unsigned quants (stored values,
- * offsets not removed); which 32-value chunks t (values 32t..32t+31) share a register follows
- * the storage of each format:
- *   Q2_K, Q3_K: u[g] = chunks g | 4+g    (2-bit field g of the 64 qs bytes)
- *   Q4_K, Q5_K: u[0..3] = 0|2, 1|3, 4|6, 5|7   (low / high nibbles of qs[0..63], qs[64..127])
- *   Q6_K:       u[0..3] = 0|1, 2|3, 4|5, 6|7   (low / high nibbles of ql[0..63], ql[64..127])
- * The activations of a column are rearranged the same way once per super-block (act_k). Each
- * 128-bit lane of a register is 16 values of one sub-block, so the int16 scale vector of u[j]
- * has one scale per lane (vpermw from the 16 scales). Sums as in kernels_avx2.c: isum (int32,
- * 16 lanes) of sc*u*a, offsets off * sum sc*bsums (Q3_K 4, Q6_K 32) and minima sum m*bsums
- * through vpmaddwd; per super-block the rows' sums are reduced together and converted once.
- */
-
-/* Word indices: scale vector j of the format, 8 copies of one of the 16 int16 scales per lane. */
-AI __m512i kscale_idx(int T, int j) {
-    int s[4];
-    if (T == T_Q2_K || T == T_Q3_K) { s[0] = 2 * j; s[1] = 2 * j + 1; s[2] = 8 + 2 * j; s[3] = 9 + 2 * j; }
-    else if (T == T_Q6_K) { s[0] = 4 * j; s[1] = 4 * j + 1; s[2] = 4 * j + 2; s[3] = 4 * j + 3; }
-    else { const int t0 = j < 2 ? j : j + 2; s[0] = s[1] = t0; s[2] = s[3] = t0 + 2; }   /* Q4/5_K */
-    return _mm512_set_epi16(s[3], s[3], s[3], s[3], s[3], s[3], s[3], s[3],
-                            s[2], s[2], s[2], s[2], s[2], s[2], s[2], s[2],
-                            s[1], s[1], s[1], s[1], s[1], s[1], s[1], s[1],
-                            s[0], s[0], s[0], s[0], s[0], s[0], s[0], s[0]);
-}
-
-/* A column's super-block activations, arranged as the format's u[j] (see above). */
-AI void act_k(int T, const pd_q8k *xb, __m512i a[4]) {
-    const __m512i x0 = _mm512_loadu_si512(xb->qs), x1 = _mm512_loadu_si512(xb->qs + 64),
-                  x2 = _mm512_loadu_si512(xb->qs + 128), x3 = _mm512_loadu_si512(xb->qs + 192);
-    if (T == T_Q6_K) { a[0] = x0; a[1] = x1; a[2] = x2; a[3] = x3; return; }
-    if (T == T_Q4_K || T == T_Q5_K) {      /* 0|2, 1|3, 4|6, 5|7 */
-        a[0] = _mm512_shuffle_i64x2(x0, x1, 0x44); a[1] = _mm512_shuffle_i64x2(x0, x1, 0xee);
-        a[2] = _mm512_shuffle_i64x2(x2, x3, 0x44); a[3] = _mm512_shuffle_i64x2(x2, x3, 0xee);
-        return;
-    }
-    /* Q2_K, Q3_K: g | 4+g */
-    a[0] = _mm512_shuffle_i64x2(x0, x2, 0x44); a[1] = _mm512_shuffle_i64x2(x0, x2, 0xee);
-    a[2] = _mm512_shuffle_i64x2(x1, x3, 0x44); a[3] = _mm512_shuffle_i64x2(x1, x3, 0xee);
-}
-
-/* Byte pattern selecting the bit of qh / hmask (both halves: the same 32 bytes) that is bit 4
- * (Q5_K) or bit 2 (Q3_K) of register j's values: chunk t's bit is bit t. */
-AI __m512i kbit_sel(int T, int j) {
-    int t0, t1;
-    if (T == T_Q5_K) { t0 = j < 2 ? j : j + 2; t1 = t0 + 2; }
-    else { t0 = j; t1 = j + 4; }
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << t0))),
-                              _mm256_set1_epi8((char)(1 << t1)), 1);
-}
-
-/* One row's super-block: the 4 unsigned quant registers and the 16 int16 scales. */
-AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mins16) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    if (T == T_Q4_K || T == T_Q5_K) {
-        const __m128i scm = scales_k4(blk + 4);
-        *sc16 = _mm256_cvtepu8_epi16(scm);   /* sc0..7, m0..7 */
-        *mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));   /* m0 m0 m1 m1 .. */
-        const char *qs = blk + (T == T_Q4_K ? offsetof(pd_block_q4_k, qs) : offsetof(pd_block_q5_k, qs));
-        const __m512i v0 = _mm512_loadu_si512(qs), v1 = _mm512_loadu_si512(qs + 64);
-        u[0] = _mm512_and_si512(v0, m4);
-        u[1] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
-        u[2] = _mm512_and_si512(v1, m4);
-        u[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
-        if (T == T_Q5_K) {
-            const __m512i qh = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(blk + offsetof(pd_block_q5_k, qh))));
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
-                u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(qh, kbit_sel(T, j)), u[j],
-                                            _mm512_set1_epi8(0x10));
-        }
-        return;
-    }
-    if (T == T_Q2_K || T == T_Q3_K) {
-        if (T == T_Q2_K) {
-            const __m128i sm = _mm_loadu_si128((const __m128i *)blk);
-            *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0f)));
-            *mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0f)));
-        } else {
-            *sc16 = _mm256_cvtepi8_epi16(scales_q3k(blk + offsetof(pd_block_q3_k, scales)));
-        }
-        const char *qs = blk + (T == T_Q2_K ? offsetof(pd_block_q2_k, qs) : offsetof(pd_block_q3_k, qs));
-        const __m512i v = _mm512_loadu_si512(qs), m3 = _mm512_set1_epi8(3);
-        u[0] = _mm512_and_si512(v, m3);
-        u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
-        u[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
-        u[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
-        if (T == T_Q3_K) {
-            const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
-                u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(hm, kbit_sel(T, j)), u[j],
-                                            _mm512_set1_epi8(4));
-        }
-        return;
-    }
-    /* Q6_K: per half h, 64 bytes of low nibbles (chunks 4h, 4h+1 low; 4h+2, 4h+3 high) and
-     * 32 bytes of 2-bit pairs (chunk 4h+g at bits 2g), moved to bits 4..5 by 64-bit shifts */
-    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(pd_block_q6_k, scales))));
-    const __m512i m30 = _mm512_set1_epi8(0x30);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m512i l = _mm512_loadu_si512(blk + 64 * h);
-        const __m512i qh = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256((const __m256i *)(blk + offsetof(pd_block_q6_k, qh) + 32 * h)));
-        const __m512i hlo = _mm512_sllv_epi64(qh, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2));
-        const __m512i hhi = _mm512_srlv_epi64(qh, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2));
-        /* (a & 0x0f) | (b & 0x30) as one bit select c ? a : b with c = 0x0f, b masked first */
-        u[2 * h] = _mm512_ternarylogic_epi32(l, _mm512_and_si512(hlo, m30), m4, 0xe4);
-        u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), _mm512_and_si512(hhi, m30), m4, 0xe4);
-    }
-}
-
-AI __m256i fold(__m512i v) {
-    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-}
-
-/* Y[c][r] for an R x C tile over nb super-blocks. */
-AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
-               float *y, size_t ys) {
-    const size_t bb = kblk_bytes(T);
-    __m256 acc[KCMAX];   /* lanes 0..3: d-terms of rows 0..3, lanes 4..7: (-)min terms */
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
-    pd_pf pf = pf_init(w, nb * bb, ws);
-    for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
-        const char *wb = w + b * bb;
-        const pd_q8k *xb[KCMAX];
-        __m512i a[KCMAX][4];
-        __m256i bs[KCMAX];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            xb[c] = (const pd_q8k *)(x + c * xs) + b;
-            act_k(T, xb[c], a[c]);
-            bs[c] = _mm256_loadu_si256((const __m256i *)xb[c]->bsums);
-        }
-        __m256i isum[KCMAX][8];   /* [c][r]: rows in 0..3, min sums in 4..7, as reduce8 takes */
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            for (size_t o = 0; o < bb; o += 64) _mm_prefetch(pf.p + r * ws + o, _MM_HINT_T0);
-            __m512i u[4];
-            __m256i sc16, mins16 = _mm256_setzero_si256();
-            kunpack(T, wb + r * ws, u, &sc16, &mins16);
-            __m512i scv[4];
-            const __m512i s512 = _mm512_castsi256_si512(sc16);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) scv[j] = _mm512_permutexvar_epi16(kscale_idx(T, j), s512);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                __m512i s = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u[j], a[c][j]), scv[j]);
-                __m256i f = fold(s);
-                if (T == T_Q3_K || T == T_Q6_K)   /* stored offset off = 4 / 32 */
-                    f = _mm256_sub_epi32(f, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs[c]), T == T_Q3_K ? 2 : 5));
-                isum[c][r] = f;
-                if (k_has_min(T)) isum[c][4 + r] = _mm256_madd_epi16(mins16, bs[c]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++)
-#pragma GCC unroll 4
-            for (int r = R; r < 4; r++) isum[c][r] = isum[c][4 + r] = _mm256_setzero_si256();
-        const __m128 d = load_h4(wb + k_d_off(T), ws, R);
-        if (k_has_min(T)) {
-            const __m128 dmin = load_h4(wb + k_d_off(T) + 2, ws, R);
-            const __m256 dd = _mm256_set_m128(_mm_xor_ps(dmin, _mm_set1_ps(-0.0f)), d);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++)
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[c])),
-                                         _mm256_mul_ps(dd, _mm256_set1_ps(xb[c]->d)), acc[c]);
-        } else {
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                const __m128 s = _mm_cvtepi32_ps(reduce4(isum[c]));
-                const __m128 a4 = _mm_fmadd_ps(s, _mm_mul_ps(d, _mm_set1_ps(xb[c]->d)),
-                                               _mm256_castps256_ps128(acc[c]));
-                acc[c] = _mm256_castps128_ps256(a4);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++) {
-        float v[8];
-        _mm256_storeu_ps(v, acc[c]);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[c * ys + r] = k_has_min(T) ? v[r] + v[4 + r] : v[r];
-    }
-}
-
-#define K_MATMUL(name, T)                                                                     \
-    static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,  \
-                     int ncols, float *y, size_t ys) {                                       \
-        const int nb = k / PD_QKK;                                                            \
-        RUN_TILES(KCMAX, K_TILE_##T)                                                          \
-    }
-#define K_TILE(T, R_, C_, r, c)                                                               \
-    tile_k(T, R_, C_, nb, (const char *)w + (r) * ws, ws, (const char *)x + (c) * xs, xs,    \
-           y + (c) * ys + (r), ys)
-#define K_TILE_T_Q2_K(R_, C_, r, c) K_TILE(T_Q2_K, R_, C_, r, c)
-#define K_TILE_T_Q3_K(R_, C_, r, c) K_TILE(T_Q3_K, R_, C_, r, c)
-#define K_TILE_T_Q4_K(R_, C_, r, c) K_TILE(T_Q4_K, R_, C_, r, c)
-#define K_TILE_T_Q5_K(R_, C_, r, c) K_TILE(T_Q5_K, R_, C_, r, c)
-#define K_TILE_T_Q6_K(R_, C_, r, c) K_TILE(T_Q6_K, R_, C_, r, c)
-K_MATMUL(matmul_q2_k, T_Q2_K)
-K_MATMUL(matmul_q3_k, T_Q3_K)
-K_MATMUL(matmul_q4_k, T_Q4_K)
-K_MATMUL(matmul_q5_k, T_Q5_K)
-K_MATMUL(matmul_q6_k, T_Q6_K)
+ * In x86/avx512_kquant.c (the same flags; this file would pass 600 lines): its matmuls are
+ * exported as pd_avx512_matmul_q2_k .. q6_k. */
+pd_matmul_fn_t pd_avx512_matmul_q2_k, pd_avx512_matmul_q3_k, pd_avx512_matmul_q4_k, pd_avx512_matmul_q5_k,
+    pd_avx512_matmul_q6_k;
 
 /* ---------------------------------------------------------------- float formats x float
- * Decode (one column) is pure streaming: the AVX2 kernels (exported by kernels_avx2.c; this
- * file's 16-wide loop streamed less from DRAM, see the header). Prefill: kernels_avx2.c's
+ * Decode (one column) is pure streaming: the AVX2 kernels (exported by kernels/x86/avx2.c; this
+ * file's 16-wide loop streamed less from DRAM, see the header). Prefill: kernels/x86/avx2.c's
  * tile_f with two ROWS per register (8 values of row 2p low, of row 2p + 1 high, against the
  * column's 8 values in both halves): each half does its row's fmadds, reduction and scalar
  * tail exactly as the AVX2 kernel, so one column or many give the same bits. */
@@ -643,7 +393,7 @@ AI __m512 load8x2(int T, const char *a, const char *b, int i) {
     if (T == T_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));   /* bf16 */
 }
-AI float load1(int T, const char *row, int i) {   /* kernels_avx2.c's */
+AI float load1(int T, const char *row, int i) {   /* kernels/x86/avx2.c's */
     return T == T_F32 ? ((const float *)row)[i]
          : T == T_F16 ? _cvtsh_ss(((const uint16_t *)row)[i])
                       : pd_bf16_to_f32(((const uint16_t *)row)[i]);
@@ -704,7 +454,7 @@ F_MATMUL(f16, T_F16)
 F_MATMUL(bf16, T_BF16)
 
 /* ---------------------------------------------------------------- KV cache append
- * (attention itself is kernels_avx2.c's). Tail by a masked load and store: no scalar loop, no
+ * (attention itself is kernels/x86/avx2.c's). Tail by a masked load and store: no scalar loop, no
  * reads or writes past n. */
 
 AI __mmask16 tail_mask(int n) { return (__mmask16)((1u << n) - 1); }
@@ -722,27 +472,79 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     }
 }
 
-/* Attention (kernels_avx2.c): bound by the cache rows' reads, not by the vector width. */
-void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
-float pd_avx2_exp_sub(float *x, int n, float shift);
-void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
-void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+/* ---------------------------------------------------------------- the sampler's vocabulary passes
+ * The exp-sum (exp.h's exp256 16 lanes at a time, exp_poly.h's constants) and top-k's
+ * candidate collection. */
 
-const pd_kernels pd_kernels_avx512 = {
-    .name = "avx512",
-    .quantize_q8 = quantize_q8,
-    .quantize_q8k = quantize_q8k,
-    .matmul = {
-        [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,
-        [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,
-        [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0,
-        [PD_Q4_0_R16] = matmul_q4_0_r16, [PD_Q4_1_R16] = matmul_q4_1_r16, [PD_Q5_0_R16] = matmul_q5_0_r16,
-        [PD_Q5_1_R16] = matmul_q5_1_r16, [PD_Q8_0_R16] = matmul_q8_0_r16,
-        [PD_Q2_K] = matmul_q2_k, [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k,
-        [PD_Q5_K] = matmul_q5_k, [PD_Q6_K] = matmul_q6_k,
-    },
-    .f32_to_f16 = f32_to_f16,
-    .attn_scores = pd_avx2_attn_scores, .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,
-    .act_mul = pd_avx2_act_mul,
-};
+static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(PD_EXP_MIN);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(PD_EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(PD_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(PD_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(PD_EXP_P5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PD_EXP_P0));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+}
+
+static double sum_exp(const float *x, int n, float scale, float shift) {
+    const __m512 vs = _mm512_set1_ps(scale), vsh = _mm512_set1_ps(shift);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_add_ps(a0, exp512(_mm512_mul_ps(vs, _mm512_sub_ps(_mm512_loadu_ps(x + i), vsh))));
+        a1 = _mm512_add_ps(a1, exp512(_mm512_mul_ps(vs, _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vsh))));
+    }
+    double s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < n; i += 16) {           /* the tail, masked */
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = exp512(_mm512_mul_ps(vs, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vsh)));
+        s += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(m, v));
+    }
+    return s;
+}
+
+/* The ids i (ascending) with x[i] > t, written to out (room for n + 16: whole vectors are
+ * stored); returns how many. The compress goes to a register, then a plain store: a compress
+ * straight to memory is microcoded and slow on AMD's Zen 4. */
+static int collect_above(const float *x, int n, float t, int32_t *out) {
+    const __m512 vt = _mm512_set1_ps(t);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int nc = 0, i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __mmask16 m0 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GT_OQ);
+        const __mmask16 m1 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 16), vt, _CMP_GT_OQ);
+        const __mmask16 m2 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 32), vt, _CMP_GT_OQ);
+        const __mmask16 m3 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 48), vt, _CMP_GT_OQ);
+        if (!(m0 | m1 | m2 | m3)) continue;      /* the common case */
+        const __mmask16 ms[4] = { m0, m1, m2, m3 };
+        for (int j = 0; j < 4; j++) {
+            if (!ms[j]) continue;
+            const __m512i id = _mm512_add_epi32(iota, _mm512_set1_epi32(i + 16 * j));
+            _mm512_storeu_si512((void *)(out + nc), _mm512_maskz_compress_epi32(ms[j], id));
+            nc += __builtin_popcount(ms[j]);
+        }
+    }
+    for (; i < n; i++) if (x[i] > t) out[nc++] = i;
+    return nc;
+}
+
+/* Attention is the AVX2 table's: bound by the cache rows' reads, not by the vector width. */
+#define matmul_q2_k pd_avx512_matmul_q2_k
+#define matmul_q3_k pd_avx512_matmul_q3_k
+#define matmul_q4_k pd_avx512_matmul_q4_k
+#define matmul_q5_k pd_avx512_matmul_q5_k
+#define matmul_q6_k pd_avx512_matmul_q6_k
+const pd_kernels pd_kernels_avx512 = PD_TABLE_OVER_AVX2(
+    "avx512", PD_BLOCK_MATMULS_OWN, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,
+    .matmul[PD_F32] = matmul_f32, .matmul[PD_F16] = matmul_f16, .matmul[PD_BF16] = matmul_bf16,
+    .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above);
 #endif

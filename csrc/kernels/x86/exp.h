@@ -1,9 +1,9 @@
-/* A vector exp for softmax-like sums, shared by sampling_avx2.c and kernels_avx2.c (both
+/* A vector exp for softmax-like sums, shared by kernels/x86/avx2.c and kernels/x86/avx2.c (both
  * compiled with -mavx2 -mfma). */
 #ifndef PD_EXP_AVX2_H
 #define PD_EXP_AVX2_H
 #include <immintrin.h>
-#include "exp_poly.h"
+#include "kernels/exp_poly.h"
 
 /* exp(x) for x <= 0 to ~2 ulp (see exp_poly.h). */
 static inline __m256 exp256(__m256 x) {

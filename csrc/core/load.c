@@ -1,0 +1,290 @@
+/* Loading: the tensors validated against the config, the weights repacked where this CPU has a
+ * faster layout for them, the KV cache and scratch allocated once; and the model's facts
+ * (errors, sizes, KV capacity, what was repacked). */
+#include "core/model.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pd_set_err(char *buf, int len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, (size_t)len, fmt, ap);
+    va_end(ap);
+    return PD_EINVAL;
+}
+
+/* The GGUF name of a tensor slot, for messages: "blk.3.ffn_up.weight" or "output.weight". */
+static const char *full_name(char *buf, size_t n, const char *name, int l) {
+    if (l < 0) snprintf(buf, n, "%s", name);
+    else snprintf(buf, n, "blk.%d.%s", l, name);
+    return buf;
+}
+
+static int check_matrix(const pd_kernels *K, const pd_tensor *t, const char *short_name, int l,
+                        int64_t ne0, int64_t ne1, char *err, int len) {
+    char name[96];
+    full_name(name, sizeof name, short_name, l);
+    if (!t->data) return pd_set_err(err, len, "missing tensor %s", name);
+    if (t->ne0 != ne0 || t->ne1 != ne1)
+        return pd_set_err(err, len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name,
+                       (long long)t->ne0, (long long)t->ne1, (long long)ne0, (long long)ne1);
+    if (t->type < 0 || t->type >= PD_FIRST_REPACKED || !K->matmul[t->type])
+        return pd_set_err(err, len, "tensor %s has unsupported type %s (type id %d)", name,
+                       pd_type_name(t->type), t->type);
+    int bs = pd_type_block_size(t->type);
+    if (bs <= 0 || ne0 % bs || t->row_bytes != (size_t)(ne0 / bs) * pd_type_block_bytes(t->type))
+        return pd_set_err(err, len, "tensor %s: row of %lld values is not whole blocks of %s", name,
+                       (long long)ne0, pd_type_name(t->type));
+    return PD_OK;
+}
+
+static int check_vector(const pd_tensor *t, const char *short_name, int l, int64_t n, int optional,
+                        char *err, int len) {
+    char name[96];
+    full_name(name, sizeof name, short_name, l);
+    if (!t->data) return optional ? PD_OK : pd_set_err(err, len, "missing tensor %s", name);
+    if (t->type != PD_F32 || t->ne0 != n || t->ne1 != 1)
+        return pd_set_err(err, len, "tensor %s must be F32 of %lld values (got type %d, shape [%lld, %lld])",
+                       name, (long long)n, t->type, (long long)t->ne0, (long long)t->ne1);
+    return PD_OK;
+}
+
+static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T, int nt, char *err, int len) {
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->head_dim < 2 ||
+        c->n_ff < 1 || c->n_vocab < 1 || c->n_ctx < 1 || c->n_batch < 1 || c->n_seq < 0)
+        return pd_set_err(err, len, "invalid config: every size must be positive");
+    if (c->n_head % c->n_head_kv) return pd_set_err(err, len, "n_head %d is not a multiple of n_head_kv %d", c->n_head, c->n_head_kv);
+    if (c->head_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim < 0 || c->rope_dim % 2)
+        return pd_set_err(err, len, "invalid rope_dim %d for head_dim %d", c->rope_dim, c->head_dim);
+    if (c->n_embd % PD_QK || c->n_ff % PD_QK || (c->n_head * c->head_dim) % PD_QK)
+        return pd_set_err(err, len, "model dims must be multiples of %d", PD_QK);
+    if (nt != PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS)
+        return pd_set_err(err, len, "expected %d tensor slots, got %d", PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS, nt);
+    int d = c->n_embd, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim, rc;
+    const pd_tensor *e = &T[PD_TOK_EMBD];
+    if (!e->data || e->ne0 != d || e->ne1 != c->n_vocab)
+        return pd_set_err(err, len, "token_embd.weight must have shape [%d, %d]", d, c->n_vocab);
+    if (pd_type_block_size(e->type) <= 0 || d % pd_type_block_size(e->type) ||
+        e->row_bytes != (size_t)(d / pd_type_block_size(e->type)) * pd_type_block_bytes(e->type))
+        return pd_set_err(err, len, "token_embd.weight has unsupported type %s (type id %d) or rows that are not "
+                       "whole blocks of it", pd_type_name(e->type), e->type);
+    if ((rc = check_vector(&T[PD_OUTPUT_NORM], "output_norm.weight", -1, d, 0, err, len))) return rc;
+    if ((rc = check_vector(&T[PD_ROPE_FREQS], "rope_freqs.weight", -1, c->rope_dim ? c->rope_dim / 2 : c->head_dim / 2, 1, err, len)))
+        return rc;
+    const pd_tensor *out = T[PD_OUTPUT].data ? &T[PD_OUTPUT] : e;
+    if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output.weight" : "token_embd.weight", -1, d, c->n_vocab, err, len))) return rc;
+    for (int l = 0; l < c->n_layer; l++) {
+        const pd_tensor *L = &T[PD_GLOBAL_SLOTS + (size_t)l * PD_LAYER_SLOTS];
+        if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WQ], "attn_q.weight", l, d, qd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WK], "attn_k.weight", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WV], "attn_v.weight", l, d, kvd, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WO], "attn_output.weight", l, qd, d, err, len)) ||
+            (rc = check_vector(&L[PD_BQ], "attn_q.bias", l, qd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BK], "attn_k.bias", l, kvd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BV], "attn_v.bias", l, kvd, 1, err, len)) ||
+            (rc = check_vector(&L[PD_Q_NORM], "attn_q_norm.weight", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_K_NORM], "attn_k_norm.weight", l, c->head_dim, 1, err, len)) ||
+            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len)) ||
+            (rc = check_matrix(K, &L[PD_DOWN], "ffn_down.weight", l, c->n_ff, d, err, len)) ||
+            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)))
+            return rc;
+    }
+    return PD_OK;
+}
+
+void pd_model_free(pd_model *m) {
+    if (!m) return;
+    if (m->pool) pd_pool_free(m->pool);
+    if (m->kc) for (int l = 0; l < m->c.n_layer; l++) free(m->kc[l]);
+    if (m->vc) for (int l = 0; l < m->c.n_layer; l++) free(m->vc[l]);
+    free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);
+    free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
+    free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
+    free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
+    free(m->summ); free(m->summ_cmax); free(m->summ_csum);
+    for (int i = 0; i < m->n_repacked; i++) free(m->repacked[i]);
+    free(m->repacked); free(m->repacked_slot);
+    free(m);
+}
+
+/* Repacks, at load, the matmul weights whose format has a faster interleaved layout on this
+ * ISA (kernels.h: PD_*_R16): a copy the kernels read instead of the mapped file. Only
+ * tensors split between threads at multiples of PD_R16_ROWS qualify: whole row groups, and
+ * for Q, K and V (one phase over their concatenated rows) sizes that keep the groups aligned.
+ * The embedding table is read a row at a time and keeps the file's layout; a head tied to it
+ * gets its own repacked copy in the output slot (the file's pages of the table are then only
+ * touched row by row). */
+static int repack_one(pd_model *m, pd_tensor *t, int slot_index) {
+    const int rt = pd_repacked_type(t->type);
+    if (rt < 0 || !m->k->matmul[rt] || t->ne1 % PD_R16_ROWS || t->ne1 > INT32_MAX) return 0;
+    const size_t bytes = (size_t)t->ne1 * t->row_bytes;
+    void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!buf) return -1;
+    if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); return 0; }
+    m->repacked[m->n_repacked] = buf;
+    m->repacked_slot[m->n_repacked++] = slot_index;
+    m->repacked_bytes += bytes;
+    t->type = rt;
+    t->data = buf;
+    return 1;
+}
+
+static int repack_weights(pd_model *m) {
+    const pd_config *c = &m->c;
+    const int n_slots = PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS;
+    const int qkv_ok = (c->n_head * c->head_dim) % PD_R16_ROWS == 0 &&
+                       (c->n_head_kv * c->head_dim) % PD_R16_ROWS == 0;
+    m->repacked = calloc((size_t)n_slots, sizeof(void *));
+    m->repacked_slot = calloc((size_t)n_slots, sizeof(int));
+    if (!m->repacked || !m->repacked_slot) return PD_ENOMEM;
+    if (c->no_repack) return PD_OK;
+    for (int i = 0; i < n_slots; i++) {
+        const int slot = i < PD_GLOBAL_SLOTS ? i : (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
+        const int eligible = i < PD_GLOBAL_SLOTS ? slot == PD_OUTPUT
+            : slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
+              (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
+        pd_tensor *t = i < PD_GLOBAL_SLOTS ? &m->g[i] : &m->lt[i - PD_GLOBAL_SLOTS];
+        if (!eligible) continue;
+        if (i == PD_OUTPUT && !t->data) {             /* tied head: a repacked copy of its own */
+            pd_tensor head = m->g[PD_TOK_EMBD];
+            const int rc = repack_one(m, &head, i);
+            if (rc < 0) return PD_ENOMEM;
+            if (rc) *t = head;
+        } else if (t->data && repack_one(m, t, i) < 0) {
+            return PD_ENOMEM;
+        }
+    }
+    return PD_OK;
+}
+
+pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
+                       const char *isa, char *err, int err_len) {
+    const pd_kernels *K = pd_kernels_select(isa);
+    if (!K) { pd_set_err(err, err_len, "instruction set '%s' is unknown or not supported by this CPU/build", isa ? isa : "(env PYDECODE_ISA)"); return NULL; }
+    if (validate(cfg, K, tensors, n_tensors, err, err_len)) return NULL;
+    pd_model *m = calloc(1, sizeof *m);
+    if (!m) { pd_set_err(err, err_len, "out of memory"); return NULL; }
+    m->c = *cfg;
+    m->k = K;
+    if (m->c.rope_dim == 0) m->c.rope_dim = m->c.head_dim;
+    if (m->c.n_threads < 1) m->c.n_threads = 1;
+    if (m->c.n_seq < 1) m->c.n_seq = 1;
+    memcpy(m->g, tensors, sizeof m->g);
+    size_t nl = (size_t)cfg->n_layer * PD_LAYER_SLOTS;
+    m->lt = malloc(nl * sizeof(pd_tensor));
+    int nb = cfg->n_batch, d = cfg->n_embd, qd = cfg->n_head * cfg->head_dim;
+    int kvd = cfg->n_head_kv * cfg->head_dim;
+    m->max_in = (size_t)(d > qd ? d : qd);
+    if ((size_t)cfg->n_ff > m->max_in) m->max_in = cfg->n_ff;
+    m->xq_stride = m->max_in / PD_QK;
+    m->xqk_stride = m->max_in / PD_QKK + 1;
+    for (int i = 0; i < n_tensors; i++) {
+        if (!tensors[i].data) continue;
+        int f = pd_type_act_format(tensors[i].type);
+        m->need_q8 |= f == PD_ACT_Q8;
+        m->need_q8k |= f == PD_ACT_Q8K;
+    }
+    m->kv_elem = cfg->kv_f16 ? 2 : 4;
+    m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
+    m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
+    m->kv_cap = calloc((size_t)cfg->n_layer, sizeof(int));
+    int ok = m->lt && m->kc && m->vc && m->kv_cap;
+    for (int l = 0; ok && l < cfg->n_layer; l++) {
+        int cap = cfg->n_ctx;
+        if (pd_layer_is_local(cfg, l) && cfg->sliding_window + nb < cap) cap = cfg->sliding_window + nb;
+        m->kv_cap[l] = cap;
+        size_t bytes = (size_t)m->c.n_seq * cap * kvd * m->kv_elem;
+        m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
+        m->vc[l] = calloc(1, bytes);
+        ok = m->kc[l] && m->vc[l];
+        m->kv_bytes += 2 * bytes;
+    }
+    if (ok) {
+        memcpy(m->lt, tensors + PD_GLOBAL_SLOTS, nl * sizeof(pd_tensor));
+        m->x = malloc((size_t)nb * d * sizeof(float));
+        m->xn = malloc((size_t)nb * m->max_in * sizeof(float));
+        m->xq = malloc((size_t)nb * m->xq_stride * sizeof(pd_q8));
+        m->xqk = malloc((size_t)nb * m->xqk_stride * sizeof(pd_q8k));
+        m->q = malloc((size_t)nb * qd * sizeof(float));
+        m->kk = malloc((size_t)nb * kvd * sizeof(float));
+        m->vv = malloc((size_t)nb * kvd * sizeof(float));
+        m->att = malloc((size_t)nb * qd * sizeof(float));
+        m->gate = malloc((size_t)nb * cfg->n_ff * sizeof(float));
+        m->up = malloc((size_t)nb * cfg->n_ff * sizeof(float));
+        m->tmp = malloc((size_t)nb * d * sizeof(float));
+        m->scores = malloc((size_t)m->c.n_threads * cfg->n_ctx * sizeof(float));
+        m->rope_cs = malloc((size_t)nb * 2 * (m->c.rope_dim > 0 ? m->c.rope_dim : 2) * sizeof(float));
+        m->n_phases = 4 + 12 * cfg->n_layer;
+        m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
+        m->step = calloc(1, sizeof(step_ctx));
+        m->pos = malloc((size_t)nb * sizeof(int32_t));
+        m->seq = malloc((size_t)nb * sizeof(int32_t));
+        m->out_idx = malloc((size_t)nb * sizeof(int32_t));
+        m->seq_next = malloc((size_t)m->c.n_seq * sizeof(int32_t));
+        m->pool = pd_pool_new(m->c.n_threads);
+        ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
+             m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool &&
+             m->pos && m->seq && m->out_idx && m->seq_next;
+    }
+    if (ok && repack_weights(m)) {
+        pd_set_err(err, err_len, "out of memory repacking the weights (%zu bytes so far; no_repack avoids it)",
+                m->repacked_bytes);
+        pd_model_free(m);
+        return NULL;
+    }
+    if (!ok) {
+        pd_set_err(err, err_len, "out of memory allocating the KV cache (%zu bytes) and scratch", m->kv_bytes);
+        pd_model_free(m);
+        return NULL;
+    }
+    m->c.n_threads = pd_pool_size(m->pool);
+    return m;
+}
+
+const char *pd_model_error(const pd_model *m) { return m ? m->err : "no model"; }
+const char *pd_model_isa(const pd_model *m) { return m ? m->k->name : ""; }
+size_t pd_model_kv_bytes(const pd_model *m) { return m ? m->kv_bytes : 0; }
+int pd_model_kv_cap(const pd_model *m, int layer) {
+    return m && layer >= 0 && layer < m->c.n_layer ? m->kv_cap[layer] : -1;
+}
+int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
+int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
+
+/* More sequence slots: each layer's cache [n_seq][cap][kvd] grows at its end, so the slots it
+ * had keep their contents in place (realloc; the new slots' rows are written before any read).
+ * Not during a step. On failure the model is unchanged for use (some layers may have room to
+ * spare) and the error says so. */
+int pd_model_grow_seq(pd_model *m, int n_seq) {
+    if (!m) return PD_EINVAL;
+    if (n_seq <= m->c.n_seq) return PD_OK;
+    const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim;
+    int32_t *next = realloc(m->seq_next, (size_t)n_seq * sizeof(int32_t));
+    if (!next) return pd_set_err(m->err, sizeof m->err, "out of memory growing to %d sequence slots", n_seq);
+    m->seq_next = next;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        size_t bytes = (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+        void *k = realloc(m->kc[l], bytes);
+        if (!k) return pd_set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
+        m->kc[l] = k;
+        void *v = realloc(m->vc[l], bytes);
+        if (!v) return pd_set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
+        m->vc[l] = v;
+    }
+    size_t total = 0;
+    for (int l = 0; l < m->c.n_layer; l++) total += 2 * (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+    m->kv_bytes = total;
+    m->c.n_seq = n_seq;
+    return PD_OK;
+}
+int pd_model_n_repacked(const pd_model *m) { return m ? m->n_repacked : 0; }
+size_t pd_model_repacked_bytes(const pd_model *m) { return m ? m->repacked_bytes : 0; }
+int pd_model_repacked_slot(const pd_model *m, int i) {
+    return m && i >= 0 && i < m->n_repacked ? m->repacked_slot[i] : -1;
+}

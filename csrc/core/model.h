@@ -1,0 +1,107 @@
+/* The model as the core holds it: the struct every core file shares, the work of one step, and
+ * the few small facts more than one core file needs. (Python sees only pydecode.h.)
+ *   forward.c  the math of one step: layers, attention, the output head, in phases
+ *   step.c     a step's argument checks and its publication to the thread pool
+ *   load.c     validation, repacking, allocation; the model's facts (KV capacity, sizes)
+ * The sampling summary's part of the model is in sampling/summary.c. */
+#ifndef PD_CORE_MODEL_H
+#define PD_CORE_MODEL_H
+#include "pydecode.h"
+#include "kernels/kernels.h"
+#include "core/threadpool.h"
+#include "sampling/summary.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#define ROW_ALIGN 16  /* rows per thread share: a multiple of the kernels' rows-per-pass and of
+                         * PD_REPACK_ROWS (a repacked tensor is split only between row groups) */
+
+struct pd_model {
+    pd_config c;
+    const pd_kernels *k;
+    pd_pool *pool;
+    pd_tensor g[PD_GLOBAL_SLOTS];
+    pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
+    /* KV cache: per layer [n_seq][kv_cap[l]][n_head_kv * head_dim], F16 or F32: one slot per
+     * sequence. Position p of sequence s lives in row p % kv_cap[l] of slot s: global layers hold
+     * n_ctx positions, sliding-window layers a ring of window + n_batch (a step's earliest query
+     * of a sequence still sees its whole window). */
+    void **kc, **vc;
+    int *kv_cap;
+    size_t kv_elem, kv_bytes;
+    /* Scratch for up to n_batch tokens (row strides in elements / bytes below). */
+    float *x;        /* residual stream [nb][d] */
+    float *xn;       /* normed input of the next matmul [nb][max_in] */
+    pd_q8 *xq;       /* xn quantized [nb][max_in/32] (legacy formats) */
+    pd_q8k *xqk;     /* xn quantized [nb][max_in/256] (K-quants) */
+    int need_q8, need_q8k;
+    float *q;        /* [nb][n_head*hd] */
+    float *kk, *vv;  /* this step's K/V before append [nb][n_kv*hd] */
+    float *att;      /* attention output [nb][n_head*hd] */
+    float *gate, *up;/* [nb][n_ff] */
+    float *tmp;      /* matmul outputs before the residual add [nb][d] */
+    float *scores;   /* per thread [n_ctx] */
+    float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
+    int32_t *pos, *seq, *out_idx;  /* [nb]: the current step's positions, slots, logit rows */
+    int32_t *seq_next;             /* [n_seq]: validation scratch (next position per slot) */
+    size_t max_in, xq_stride, xqk_stride;
+    pd_phase *phases;   /* one step's phases (threadpool.h), reset per step */
+    int n_phases;
+    uint32_t epoch;
+    void *step;         /* the current step_ctx: lives here, not on a stack, so a lagging worker
+                           never reads freed memory */
+    _Atomic uint32_t step_seq;  /* seqlock over *step: odd while the main thread rewrites it */
+    /* Weights repacked at load (repack_weights): their buffers and tensor slots. */
+    void **repacked;
+    int *repacked_slot, n_repacked;
+    size_t repacked_bytes;
+    /* The sampling summary (summary.h): one candidate list per thread, stats per head chunk. */
+    float summ_inv_t;          /* > 0: summarize steps that return one row of logits */
+    pd_summ_list *summ;        /* [n_threads], allocated on first use */
+    float *summ_cmax;          /* [summ_chunks] */
+    double *summ_csum;
+    int summ_chunks, summ_ready;
+    char err[256];
+};
+
+/* ---- the work of one step, shared by all threads ---- */
+typedef struct {
+    pd_model *m;
+    const int32_t *tokens;
+    const int32_t *pos, *seq;   /* per token: position and sequence slot */
+    int n;
+    const int32_t *out_idx;     /* the tokens whose logits are wanted, in order */
+    int n_out;
+    float *logits;              /* [n_out][n_vocab] */
+    uint32_t epoch;
+    int summ;                   /* fold the logits into the sampling summary (summary.h) */
+} step_ctx;
+
+
+/* Writes a message into an error buffer (pd_model's err, or pd_model_new's); returns PD_EINVAL. */
+int pd_set_err(char *buf, int len, const char *fmt, ...);
+
+/* Tensor `slot` (PD_ATTN_NORM..) of layer l. */
+static inline const pd_tensor *pd_layer_tensor(const pd_model *m, int l, int slot) {
+    return &m->lt[(size_t)l * PD_LAYER_SLOTS + slot];
+}
+
+/* A sliding-window (local) layer: every layer when swa_period <= 0, else all but every
+ * swa_period-th (gemma3: 5 local, then 1 global). Its cache is a ring (load.c: kv capacity). */
+static inline int pd_layer_is_local(const pd_config *c, int l) {
+    return c->sliding_window > 0 && (c->swa_period <= 0 || (l + 1) % c->swa_period != 0);
+}
+
+/* Rows per chunk of a phase over a matrix of `rows` rows. They depend on the matrix only (never
+ * on the thread count), so every row is computed the same way whatever the threads: results
+ * are identical across thread counts. */
+static inline int pd_chunk_rows(int rows) {
+    int c = (rows / 64 + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    return c < 16 ? 16 : (c > 1024 ? 1024 : c);
+}
+#define N_CHUNKS(rows, ch) (((rows) + (ch) - 1) / (ch))
+
+/* What every thread of the pool runs for a step (forward.c); ctx is the model's step_ctx. */
+void pd_forward_task(void *ctx, int ith, int nth);
+#endif

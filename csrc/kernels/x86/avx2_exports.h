@@ -1,0 +1,35 @@
+/* The AVX2 table's entries that the AVX-VNNI and AVX-512 tables reuse where VNNI or 512-bit
+ * registers do not help (avx2.c exports them as pd_avx2_<name>, see its end), and a table that
+ * starts from them: the including file overrides what it has of its own (a later designator
+ * replaces an earlier one: C99 6.7.8). */
+#ifndef PD_X86_AVX2_EXPORTS_H
+#define PD_X86_AVX2_EXPORTS_H
+#include "kernels/kernels.h"
+
+void pd_avx2_quantize_q8(const float *x, pd_q8 *y, int k);
+void pd_avx2_quantize_q8k(const float *x, pd_q8k *y, int k);
+pd_matmul_fn_t pd_avx2_matmul_q8_0, pd_avx2_matmul_f32, pd_avx2_matmul_f16, pd_avx2_matmul_bf16;
+void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
+void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
+float pd_avx2_exp_sub(float *x, int n, float shift);
+void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
+double pd_avx2_sum_exp(const float *x, int n, float scale, float shift);
+int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
+
+#define PD_TABLE_OVER_AVX2(isa_name, ...) {                                                     \
+    .name = isa_name, .quantize_q8 = pd_avx2_quantize_q8, .quantize_q8k = pd_avx2_quantize_q8k, \
+    .matmul = { [PD_F32] = pd_avx2_matmul_f32, [PD_F16] = pd_avx2_matmul_f16,                  \
+                [PD_BF16] = pd_avx2_matmul_bf16, [PD_Q8_0] = pd_avx2_matmul_q8_0 },            \
+    .f32_to_f16 = pd_avx2_f32_to_f16, .attn_scores = pd_avx2_attn_scores,                      \
+    .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum, .act_mul = pd_avx2_act_mul,  \
+    .sum_exp = pd_avx2_sum_exp, .collect_above = pd_avx2_collect_above, __VA_ARGS__ }
+/* Overrides of the block formats' matmuls by the file's own of the standard names. */
+#define PD_BLOCK_MATMULS_OWN                                                                    \
+    .matmul[PD_Q4_0] = matmul_q4_0, .matmul[PD_Q4_1] = matmul_q4_1, .matmul[PD_Q5_0] = matmul_q5_0, \
+    .matmul[PD_Q5_1] = matmul_q5_1, .matmul[PD_Q8_0] = matmul_q8_0, .matmul[PD_Q2_K] = matmul_q2_k, \
+    .matmul[PD_Q3_K] = matmul_q3_k, .matmul[PD_Q4_K] = matmul_q4_k, .matmul[PD_Q5_K] = matmul_q5_k, \
+    .matmul[PD_Q6_K] = matmul_q6_k, .matmul[PD_Q4_0_R16] = matmul_q4_0_r16,                     \
+    .matmul[PD_Q4_1_R16] = matmul_q4_1_r16, .matmul[PD_Q5_0_R16] = matmul_q5_0_r16,              \
+    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16
+#endif
