@@ -41,8 +41,9 @@ typedef struct {
     float attn_scale;        /* 0 -> 1/sqrt(head_dim) */
     float embd_scale;        /* 0 -> 1 (gemma: sqrt(n_embd)) */
     int act_gelu;            /* 0: SwiGLU (silu(gate)*up); 1: GELU(tanh)(gate)*up */
-    int sliding_window;      /* 0: none */
-    int swa_period;          /* every swa_period-th layer is global (gemma3: 6); 0: all global */
+    int sliding_window;      /* window of the local layers (0: none) */
+    const uint8_t *local_layers;  /* [n_layer]: 1 where a layer attends over the window only
+                                     (Python's ArchConfig.layer_is_local decides; NULL: none) */
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
     int kv_f16;              /* 1: F16 cache (default), 0: F32 */
     int n_threads;
@@ -59,6 +60,12 @@ typedef struct pd_model pd_model;
 pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
                        const char *isa, char *err, int err_len);
 void pd_model_free(pd_model *m);
+/* Before a load, what it will take: the bytes pd_model_new allocates for cfg (the KV cache and a
+ * step's scratch; not the weights), and the bytes it would copy to repack weights for the table
+ * isa names (NULL: the best, or $PYDECODE_ISA); 0 when cfg->no_repack. */
+size_t pd_config_memory_bytes(const pd_config *cfg);
+size_t pd_config_kv_bytes(const pd_config *cfg);   /* of those, the KV cache's (every slot) */
+size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, int n_tensors, const char *isa);
 const char *pd_model_error(const pd_model *m);
 const char *pd_model_isa(const pd_model *m);
 size_t pd_model_kv_bytes(const pd_model *m);
@@ -78,20 +85,18 @@ size_t pd_model_repacked_bytes(const pd_model *m);
 int pd_model_repacked_slot(const pd_model *m, int i);
 /* The sampling summary (sampling/summary.h): with inv_t > 0, every following step that returns one row
  * of logits also summarizes them, during its output-head phase, for a truncated draw at
- * temperature 1/inv_t; 0 turns it off. pd_model_sample draws from the last step's summary: the
+ * temperature 1/inv_t; 0 turns it off. pd_model_summary_sample draws from the last step's summary: the
  * token id, -1 if the summary cannot decide (the caller samples the logits instead), or -2 if
  * the last step made none. */
 int pd_model_set_summary(pd_model *m, float inv_t);
-int pd_model_sample(pd_model *m, int top_k, double top_p, double min_p, double u01);   /* the KV cache holds n_seq x that (one slot per sequence) */
+int pd_model_summary_sample(pd_model *m, int top_k, double top_p, double min_p, double u01);
 
-/* prefill: runs tokens[0..n) at positions pos..pos+n-1 through every layer as one block
- * (mat x mat, causal attention), appends their K/V, writes the last position's logits into
- * logits (n_vocab floats), or every position's (n*n_vocab) if all_logits. */
-int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
-/* decode_step: one token at position pos (the cache holds 0..pos-1); writes n_vocab logits. */
-int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits);
-/* prefill into sequence slot seq (pd_prefill is slot 0). */
-int pd_prefill_seq(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
+/* prefill: runs tokens[0..n) at positions pos..pos+n-1 of sequence slot seq through every
+ * layer as one block (mat x mat, causal attention), appends their K/V, writes the last
+ * position's logits into logits (n_vocab floats), or every position's (n*n_vocab) if all_logits. */
+int pd_prefill(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
+/* decode_step: one token at position pos of slot seq (the slot holds 0..pos-1); n_vocab logits. */
+int pd_decode_step(pd_model *m, int seq, int32_t token, int pos, float *logits);
 /* batch_step: n <= n_batch tokens of several sequences in one pass (every weight read once for
  * all of them): token i goes to slot seq[i] at position pos[i]; a sequence's tokens must be at
  * consecutive positions, in order (a decode is one token; a prefill chunk several). Logits of

@@ -64,7 +64,7 @@ class _Ours:
         self.m = m = Model(path, n_threads=threads, n_ctx=n_ctx, isa=isa)
         self.name = m.gguf.metadata.get("general.name", m.path.stem)
         self.size = m.gguf.file_size
-        self.params = sum(t.n_elements for t in m.gguf.tensors.values())
+        self.params = m.config.n_params(m.gguf)
         self.backend = f"pydecode/{m.isa}" + ("+repack" if m.repacked else "")
         self.n_vocab = m.n_vocab
         m.prefill([1] * 8)                                  # warm-up: page in the weights, start threads
@@ -141,7 +141,7 @@ def bench_threads(path, threads: int, n_prompt: int, n_gen: int, reps: int, dept
     ours = runners[0]
     m = ours.m
     prompt = _random_prompt(ours.n_vocab, max(n_prompt, depth_max, 1))
-    kv_elem = 2 if m.kv_type == "f16" else 4
+    kv_elem = m.kv_elem_bytes
     tests = [(f"pp{n_prompt}", None, 0)] if n_prompt else []
     for depth in depths:
         # tg reads every weight plus the KV cache: on average depth + n_gen/2 positions per step

@@ -65,7 +65,8 @@ class ArchConfig:
         return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_element
 
     def layer_is_local(self, layer: int) -> bool:
-        """Whether a layer attends over a sliding window (as csrc/model.c's layer_is_local)."""
+        """Whether a layer attends over a sliding window: the one rule (the C core is told per
+        layer, pd_config.local_layers). Gemma 3: every swa_period-th layer is global."""
         return self.sliding_window > 0 and (self.swa_period <= 0 or (layer + 1) % self.swa_period != 0)
 
     def kv_positions(self, layer: int, positions: int, ring_extra: int | None = None) -> int:
@@ -83,7 +84,15 @@ class ArchConfig:
         per_position = 2 * self.n_head_kv * self.head_dim * bytes_per_element
         return sum(per_position * self.kv_positions(l, positions, ring_extra) for l in range(self.n_layer))
 
+    def weight_bytes_per_token(self, gguf: GGUFFile) -> int:
+        """Bytes of weights a decoded token reads: every tensor once, except the embedding table
+        (one row per token), which a tied output head reads whole as the head."""
+        total = sum(t.n_bytes for t in gguf.tensors.values())
+        emb = gguf.tensors["token_embd.weight"].n_bytes
+        return total - emb + (emb if self.tied_output else 0)
+
     def n_params(self, gguf: GGUFFile) -> int:
+        """Parameters: every tensor's values (the embedding counted once, tied head or not)."""
         return sum(t.n_elements for t in gguf.tensors.values())
 
 

@@ -253,7 +253,7 @@ class Engine:
         """KV bytes the active sequences fill: their positions x per-position bytes, layer by
         layer, sliding-window layers capped at their ring (ArchConfig.kv_bytes)."""
         c, nb = self.model.config, self.model.n_batch
-        elem = 2 if self.model.kv_type == "f16" else 4
+        elem = self.model.kv_elem_bytes
         with self._cond:
             return sum(c.kv_bytes(len(s.kv), elem, ring_extra=nb) for s in self._active)
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import ContextFullError
+from .model import token_ids
 from .sampling import Sampler, SamplingParams, top_logprobs
 
 
@@ -142,23 +143,12 @@ def prompt_ids(tokenizer, prompt, n_vocab: int) -> list[int]:
     if isinstance(prompt, (bytes, bytearray, memoryview)):
         raise TypeError("prompt must be a str or a sequence of token ids, not bytes "
                         "(decode it first, e.g. prompt.decode('utf-8'))")
-    if isinstance(prompt, np.ndarray):
-        if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
-            raise TypeError(f"prompt must be a str or a 1-D sequence of integer token ids, got an array of "
-                            f"dtype {prompt.dtype} and shape {prompt.shape}")
-        ids = prompt.tolist()
-    elif isinstance(prompt, Sequence):
-        for i, t in enumerate(prompt):
-            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"prompt must be a str or a sequence of token ids (ints); item {i} is "
-                                f"{type(t).__name__} {t!r}")
-        ids = [int(t) for t in prompt]
-    else:
+    if isinstance(prompt, np.ndarray) and (prompt.ndim != 1 or prompt.dtype.kind not in "iu"):
+        raise TypeError(f"prompt must be a str or a 1-D sequence of integer token ids, got an array of "
+                        f"dtype {prompt.dtype} and shape {prompt.shape}")
+    if not isinstance(prompt, (np.ndarray, Sequence)):
         raise TypeError(f"prompt must be a str or a sequence of token ids (ints), got {type(prompt).__name__}")
-    for i, t in enumerate(ids):
-        if not 0 <= t < n_vocab:
-            raise ValueError(f"prompt: token id {t} at index {i} is outside the vocabulary (0..{n_vocab - 1})")
-    return ids
+    return token_ids(prompt, n_vocab, "prompt").tolist()
 
 
 class TokenPolicy:

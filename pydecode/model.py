@@ -61,6 +61,31 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+class TokenIdError(TypeError, ValueError):
+    """A token id that is not an integer: a TypeError, and a ValueError as Model's calls have
+    always raised for bad ids."""
+
+
+def token_ids(tokens, n_vocab: int, name: str = "tokens") -> np.ndarray:
+    """`tokens` as a flat int32 array, checked: integers (numpy ones too; never bools or floats)
+    within the vocabulary. Python's one check of token ids, where it must happen: before the
+    cast to C's int32 (the C core checks them again). Errors name `name`."""
+    toks = np.asarray(tokens)
+    if toks.ndim != 1:
+        raise ValueError(f"{name} must be a flat sequence of token ids")
+    if toks.dtype.kind not in "iu":   # Python ints beyond int64 (an object array), or not ints at all
+        for i, t in enumerate(toks.tolist() if toks.dtype.kind != "O" else toks):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise TokenIdError(f"{name} must be a sequence of token ids (ints); item {i} is "
+                                   f"{type(t).__name__} {t!r}")
+    bad = np.flatnonzero((toks < 0) | (toks >= n_vocab)) if toks.dtype.kind in "iu" else \
+        [i for i, t in enumerate(toks) if not 0 <= t < n_vocab]
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"{name}: token id {toks[i]} at index {i} is outside the vocabulary (0..{n_vocab - 1})")
+    return np.ascontiguousarray(toks, dtype=np.int32)
+
+
 def physical_cores() -> int:
     """Physical cores (not hyperthreads) this process may run on: decode is bandwidth/compute bound
     per core, so a second hyperthread on a core mostly adds contention."""
@@ -142,13 +167,19 @@ class Model:
         if n_threads is None:
             n_threads = physical_cores()
         self.n_ctx, self.n_threads, self.kv_type = n_ctx, n_threads, kv_type
-        self._check_memory(n_batch)
+        if not isa:
+            isa = os.environ.get("PYDECODE_ISA") or None
+        self._isa_c = ffi.new("char[]", isa.encode()) if isa else ffi.NULL
+        self.n_batch = n_batch
+        self._cfg, self._tensors, names = self._c_args()
+        self._check_memory()
         if self.repack and (avail := available_memory()) is not None and \
-                self.memory_needed(n_batch) + self.repack_bytes_at_most() > avail:
-            log.warning("not enough free memory to repack the weights (up to %.0f MB); keeping the file's layout",
+                self.memory_needed() + self.repack_bytes_at_most() > avail:
+            log.warning("not enough free memory to repack the weights (%.0f MB); keeping the file's layout",
                         self.repack_bytes_at_most() / 1e6)
             self.repack = False
-        self._build(n_batch, isa)
+            self._cfg.no_repack = 1
+        self._build(names)
         self.n_vocab = self.config.n_vocab
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self._logits_ptr = ffi.cast("float *", self._logits.ctypes.data)
@@ -156,56 +187,58 @@ class Model:
         self._file_state = self.gguf.file_state()
         self._guard = lib.pd_guard_range(ffi.cast("void *", self._base_buf), len(self.gguf.data))
 
-    def memory_needed(self, n_batch: int = DEFAULT_N_BATCH) -> int:
-        """Bytes pd_model_new allocates: the KV cache (as allocated: sliding-window layers keep a
-        ring of window + n_batch) plus the per-thread attention scores and the n_batch scratch."""
-        c = self.config
-        kv = self.n_seq * c.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=n_batch)
-        max_in = max(c.n_embd, c.n_head * c.head_dim, c.n_ff)
-        per_token = 4 * (3 * c.n_embd + 2 * max_in + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim
-                         + 2 * c.n_ff + 4 * c.rope_dim)
-        return kv + 4 * self.n_threads * self.n_ctx + n_batch * per_token
+    def _cfg_with(self, **fields):
+        cfg = ffi.new("pd_config *", self._cfg[0])
+        for k, v in fields.items():
+            setattr(cfg, k, v)
+        return cfg
 
-    _REPACKABLE_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
-    _REPACKED_SLOTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                       "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    def memory_needed(self, n_batch: int | None = None) -> int:
+        """Bytes loading allocates beyond the mapped file and any repacked copy: the KV cache (as
+        allocated: sliding-window layers keep a ring of window + n_batch) and a step's scratch
+        (the C core's own count, pd_config_memory_bytes); for another n_batch if given."""
+        return int(lib.pd_config_memory_bytes(self._cfg if n_batch is None else self._cfg_with(n_batch=n_batch)))
 
     def repack_bytes_at_most(self) -> int:
-        """An upper bound of the bytes repacking at load may copy (the C core decides per tensor
-        and ISA; `repacked_bytes` says what it did): the legacy-format matmul weights and head."""
-        ts = self.gguf.tensors
-        names = [n for n in ts if n.split(".", 2)[-1] in self._REPACKED_SLOTS and n.startswith("blk.")]
-        names.append("output.weight" if "output.weight" in ts else "token_embd.weight")
-        return sum(ts[n].n_bytes for n in names if ts[n].type_name in self._REPACKABLE_TYPES)
+        """The bytes repacking at load copies on this CPU (the C core's own rules,
+        pd_config_repack_bytes: which tensors, formats and table); `repacked_bytes` says what it
+        did. 0 with repack=False."""
+        return int(lib.pd_config_repack_bytes(self._cfg_with(no_repack=0), self._tensors, len(self._tensors),
+                                              self._isa_c))
 
-    def _check_memory(self, n_batch: int) -> None:
+    def _check_memory(self) -> None:
         """A clear error before allocating, not an out-of-memory (or a machine swapping to death)
         when the first long prompt touches a KV cache larger than the memory there is."""
-        need = self.memory_needed(n_batch)
+        need = self.memory_needed()
         avail = available_memory()
         if avail is not None and need > avail:
-            c = self.config
+            kv = self.n_seq * self.slot_bytes()
             raise ValueError(
                 f"n_ctx {self.n_ctx} needs {need} bytes ({need / 2**30:.1f} GiB: a {self.kv_type} KV cache of "
-                f"{self.n_seq * c.kv_bytes(self.n_ctx, 2 if self.kv_type == 'f16' else 4, ring_extra=n_batch)} "
-                f"bytes{f' for {self.n_seq} sequences' if self.n_seq > 1 else ''} plus scratch) but only {avail} bytes ({avail / 2**30:.1f} GiB) of memory are available; "
+                f"{kv} bytes{f' for {self.n_seq} sequences' if self.n_seq > 1 else ''} plus scratch) but only "
+                f"{avail} bytes ({avail / 2**30:.1f} GiB) of memory are available; "
                 f"use a smaller n_ctx (at most ~{self.n_ctx * avail // need} here)")
 
-    def _build(self, n_batch: int, isa: str | None) -> None:
+    def _c_args(self):
+        """The C core's view of the model: its pd_config and tensor table (pointers into the
+        mapping, zero-copy), and the GGUF name of each tensor slot."""
         c = self.config
         cfg = ffi.new("pd_config *")
         cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv = c.n_layer, c.n_embd, c.n_head, c.n_head_kv
         cfg.head_dim, cfg.n_ff, cfg.n_vocab = c.head_dim, c.n_ff, c.n_vocab
-        cfg.n_ctx, cfg.n_batch, cfg.n_threads = self.n_ctx, n_batch, self.n_threads
+        cfg.n_ctx, cfg.n_threads = self.n_ctx, self.n_threads
         cfg.norm_eps, cfg.rope_base, cfg.rope_base_local = c.norm_eps, c.rope_base, c.rope_base_local
         cfg.rope_dim, cfg.rope_neox = c.rope_dim, int(c.rope_neox)
         cfg.attn_scale, cfg.embd_scale, cfg.act_gelu = 0.0, c.embd_scale, int(c.act_gelu)
-        cfg.sliding_window, cfg.swa_period = c.sliding_window, c.swa_period
+        cfg.sliding_window = c.sliding_window
+        # Which layers are local is decided here, once (ArchConfig.layer_is_local); C is told.
+        self._local_layers = ffi.new("uint8_t[]", [int(c.layer_is_local(l)) for l in range(c.n_layer)])
+        cfg.local_layers = self._local_layers
         cfg.rope_freq_scale = c.rope_freq_scale
         cfg.kv_f16 = int(self.kv_type == "f16")
         cfg.n_seq = self.n_seq
         cfg.no_repack = int(not self.repack)
-        self.n_batch = n_batch
+        cfg.n_batch = self.n_batch
         names = list(GLOBAL_TENSORS) + [f"blk.{l}.{t}" for l in range(c.n_layer) for t in LAYER_TENSORS]
         tensors = ffi.new("pd_tensor[]", len(names))
         # One pointer to the whole mapping; tensors are offsets into it (zero-copy).
@@ -222,11 +255,11 @@ class Model:
             tensors[i].ne0 = t.shape[0]
             tensors[i].ne1 = t.n_elements // t.shape[0]
             tensors[i].row_bytes = t.row_bytes
+        return cfg, tensors, names
+
+    def _build(self, names) -> None:
         err = ffi.new("char[512]")
-        if not isa:
-            isa = os.environ.get("PYDECODE_ISA") or None
-        isa_c = ffi.new("char[]", isa.encode()) if isa else ffi.NULL
-        ptr = lib.pd_model_new(cfg, tensors, len(names), isa_c, err, 512)
+        ptr = lib.pd_model_new(self._cfg, self._tensors, len(names), self._isa_c, err, 512)
         if ptr == ffi.NULL:
             msg = ffi.string(err).decode(errors="replace")
             if "instruction set" in msg:
@@ -253,49 +286,32 @@ class Model:
         the KV cache. Returns the last position's logits (a view reused by the next call), or
         [n, vocab] if all_logits. `lease`: the slot's lessee in `slots` (the Engine); without
         one the write is direct (refused while a generation leases the slot, see SlotLedger)."""
-        toks = np.asarray(tokens)
-        if toks.ndim != 1:
-            raise ValueError("tokens must be a flat sequence of token ids")
+        toks = token_ids(tokens, self.n_vocab)
         n = len(toks)
         if n == 0:
             raise ValueError("prefill needs at least one token")
-        if toks.dtype.kind in "iu":
-            bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
-        else:   # Python ints beyond int64 (an object array), or not ints at all
-            for t in toks:
-                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                    raise ValueError(f"token ids must be integers, got {t!r}")
-            bad = [i for i, t in enumerate(toks) if not 0 <= t < self.n_vocab]
-        if len(bad):
-            i = int(bad[0])
-            raise ValueError(f"token id {toks[i]} at index {i} is outside the vocabulary (0..{self.n_vocab - 1})")
-        toks = np.ascontiguousarray(toks, dtype=np.int32)
         if not isinstance(pos, (int, np.integer)) or pos < 0 or pos + n > self.n_ctx:
             raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
         out = np.empty((n, self.n_vocab), dtype=np.float32) if all_logits else self._logits
         slot = self._slot(seq)
         with self._lock:
             self._usable(slot, lease)
-            rc = lib.pd_prefill_seq(self._ptr, slot, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
-                                    ffi.cast("float *", out.ctypes.data), int(all_logits))
+            rc = lib.pd_prefill(self._ptr, slot, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
+                                ffi.cast("float *", out.ctypes.data), int(all_logits))
             self._check(rc)
         return out
 
     def decode_step(self, token: int, pos: int, seq: int = 0, *, lease: object = None) -> np.ndarray:
         """One token at position pos of sequence slot seq (the cache holds 0..pos-1): appends its
         K/V, returns the logits (a view reused by the next call). `lease` as in prefill."""
-        if not 0 <= token < self.n_vocab:   # also keeps huge ints from overflowing C's int32
-            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if not (_is_int(token) or isinstance(token, np.integer)) or not 0 <= token < self.n_vocab:
+            token_ids([token], self.n_vocab, "token")   # the same check and message as for a sequence
         if not 0 <= pos < self.n_ctx:
             raise ContextFullError(f"position {pos} is outside the context of {self.n_ctx} tokens")
         slot = self._slot(seq)
         with self._lock:
             self._usable(slot, lease)
-            if slot == 0:
-                rc = lib.pd_decode_step(self._ptr, int(token), pos, self._logits_ptr)
-            else:
-                tok = ffi.new("int32_t *", int(token))
-                rc = lib.pd_prefill_seq(self._ptr, slot, tok, 1, pos, self._logits_ptr, 0)
+            rc = lib.pd_decode_step(self._ptr, slot, int(token), pos, self._logits_ptr)
             self._check(rc)
         return self._logits
 
@@ -309,9 +325,9 @@ class Model:
         [>= len(out_idx), vocab]) when given, which saves a step the allocation (and the page
         faults) of a buffer the size of several vocabularies. `lease` as in prefill (one lessee
         for every slot of the step)."""
-        toks = np.ascontiguousarray(tokens, dtype=np.int64)
+        toks = token_ids(tokens, self.n_vocab)
         n = len(toks)
-        if toks.ndim != 1 or n == 0:
+        if n == 0:
             raise ValueError("batch_step needs a flat, non-empty sequence of token ids")
         if n > self.n_batch:
             raise ValueError(f"{n} tokens in one step exceed n_batch={self.n_batch}")
@@ -330,9 +346,6 @@ class Model:
                                 or not buf.flags.c_contiguous or not buf.flags.writeable
                                 or buf.shape[1] != self.n_vocab or buf.shape[0] < len(out)):
             raise ValueError(f"out must be a writable C-contiguous float32 array of shape (>= {len(out)}, {self.n_vocab})")
-        bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
-        if len(bad):
-            raise ValueError(f"token id {toks[bad[0]]} at index {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         bad = np.flatnonzero((s < 0) | (s >= self.n_seq))
         if len(bad):
             raise ValueError(f"sequence slot {s[bad[0]]} at index {bad[0]} is outside 0..{self.n_seq - 1}")
@@ -398,8 +411,8 @@ class Model:
         return self._ptr is None
 
     def slot_bytes(self) -> int:
-        """KV cache bytes one sequence slot takes (all layers, n_ctx positions)."""
-        return self.config.kv_bytes(self.n_ctx, 2 if self.kv_type == "f16" else 4, ring_extra=self.n_batch)
+        """KV cache bytes one sequence slot takes (all layers, n_ctx positions; the C core's count)."""
+        return int(lib.pd_config_kv_bytes(self._cfg_with(n_seq=1)))
 
     def grow_slots(self, n_seq: int) -> int:
         """Gives the KV cache up to n_seq sequence slots, as many as the available memory allows
@@ -429,6 +442,13 @@ class Model:
             return ffi.string(lib.pd_model_isa(self._ptr)).decode()
 
     @property
+    def kv_elem_bytes(self) -> int:
+        """Bytes of one cached K or V value (2 for the F16 cache, 4 for F32)."""
+        with self._lock:
+            self._usable(None, None)
+            return int(lib.pd_model_kv_elem_bytes(self._ptr))
+
+    @property
     def kv_bytes(self) -> int:
         """Bytes allocated for the KV cache (all layers, n_ctx positions, n_seq slots)."""
         with self._lock:
@@ -450,7 +470,7 @@ class Model:
         cannot decide it (sample the logits instead), -2 when the last step made none."""
         with self._lock:
             self._usable(None, None)
-            return lib.pd_model_sample(self._ptr, top_k, top_p, min_p, u)
+            return lib.pd_model_summary_sample(self._ptr, top_k, top_p, min_p, u)
 
     @property
     def repacked_bytes(self) -> int:
@@ -458,13 +478,8 @@ class Model:
         return int(lib.pd_model_repacked_bytes(self._ptr)) if self._ptr is not None else 0
 
     def weight_bytes(self) -> int:
-        """Bytes of weights read per decoded token (every tensor once; the tied head is the embedding)."""
-        total = sum(t.n_bytes for t in self.gguf.tensors.values())
-        if self.config.tied_output:
-            total += self.gguf.tensors["token_embd.weight"].n_bytes  # read again as the output head
-        # The embedding table itself is only read one row per token.
-        total -= self.gguf.tensors["token_embd.weight"].n_bytes
-        return total
+        """Bytes of weights read per decoded token (ArchConfig.weight_bytes_per_token)."""
+        return self.config.weight_bytes_per_token(self.gguf)
 
     def close(self) -> None:
         """Frees the C model once the step in flight (if any) has ended; later calls raise

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextFullError
+from .generation import prompt_ids
 from .model import DEFAULT_N_BATCH, Model
 
 TOLERANCE = 2e-3   # max |logit difference| (logits of magnitude ~20): tests/test_cache.py's CACHE_ATOL
@@ -94,7 +95,7 @@ def verify(path, prompt: str | list[int], n: int, *, n_threads: int | None = Non
     model_cls = model_cls or Model
     cached = model_cls(path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, isa=isa, kv_type=kv_type)
     try:
-        ids = cached.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        ids = prompt_ids(cached.tokenizer, prompt, cached.n_vocab)
         if not ids:
             raise ValueError("the prompt is empty (no tokens)")
         need = len(ids) + n - 1
@@ -125,7 +126,7 @@ def _prefill(m: Model, ids: list[int], on_prefill) -> np.ndarray:
 def _run(cached: Model, recompute: Model, ids: list[int], n: int, tol: float, on_step,
          on_prefill=None) -> Verification:
     cfg = cached.config
-    elem = 2 if cached.kv_type == "f16" else 4
+    elem = cached.kv_elem_bytes
     out = Verification(str(cached.path), len(ids), tolerance=tol, kv_bytes_allocated=cached.kv_bytes,
                        n_ctx=cached.n_ctx)
     seq = list(ids)

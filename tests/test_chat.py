@@ -227,7 +227,7 @@ def test_second_turn_prefills_only_new_tokens(smollm):
 
 
 def test_chat_session_drops_oldest_turns_to_fit(smollm_path):
-    from pydecode.chat_session import ChatSession
+    from pydecode.chat import ChatSession
 
     llm = pydecode.load(str(smollm_path), n_ctx=100, n_threads=2)
     notices = []

@@ -760,3 +760,31 @@ def test_act_mul_vs_float64(isa, gelu, n):
     assert lib.pd_kernel_act_mul(isa.encode(), ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", u), n, gelu) == 0
     assert np.isfinite(g).all()
     assert (np.abs(g - want) <= 1e-5 * np.abs(want) + 1e-6 * np.abs(u)).all()
+
+
+def test_pydecode_isa_reaches_every_per_isa_entry(smollm_path):
+    """PYDECODE_ISA=scalar: the forward pass's table (pd_model_isa), the sampler's vocabulary
+    passes (pd_sampler_isa: pd_sum_exp, pd_collect_above, top-k, the truncated draw) and the
+    summary folded in the head phase (the model's table) are all the scalar ones: one
+    dispatcher serves every per-ISA entry. Without it, the best table here serves them all."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import pydecode
+from pydecode._core import ffi, lib
+m = pydecode.Model({str(smollm_path)!r}, n_ctx=64, n_threads=1)
+print(m.isa, ffi.string(lib.pd_sampler_isa(ffi.NULL)).decode(), ffi.string(lib.pd_isa_best()).decode())
+llm = pydecode.LLM(m)
+print(len(llm.generate("Once upon a time", 4, temperature=0.8, top_p=0.9, seed=1).tokens))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYDECODE_ISA"}
+    forced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**env, "PYDECODE_ISA": "scalar"})
+    assert forced.returncode == 0, forced.stderr
+    model_isa, sampler_isa, best = forced.stdout.split()[:3]
+    assert model_isa == sampler_isa == "scalar" and forced.stdout.split()[3] == "4"
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert free.returncode == 0, free.stderr
+    assert free.stdout.split()[:3] == [best, best, best]

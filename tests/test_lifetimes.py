@@ -229,7 +229,7 @@ def test_cli_run_stops_at_once_on_sigint_during_prefill(smollm_path):
 # ---------------------------------------------------------------- 4. the chat history
 
 def test_chat_keeps_the_history_when_a_message_cannot_fit(smollm_path):
-    from pydecode.chat_session import ChatSession
+    from pydecode.chat import ChatSession
 
     with pydecode.load(smollm_path, n_ctx=256, n_threads=2) as llm:
         session = ChatSession(llm, system="Be brief.", max_tokens=8, notice=lambda msg: None)

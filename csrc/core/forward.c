@@ -57,7 +57,7 @@ static void matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
     case PD_ACT_Q8K: x = m->xqk; xs = m->xqk_stride * sizeof(pd_q8k); break;
     default: x = m->xn; xs = m->max_in * sizeof(float); break;
     }
-    m->k->matmul[w->type](k, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+    m->kt->matmul[w->type](k, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
                           r1 - r0, x, xs, n, out + r0, out_stride);
 }
 
@@ -65,8 +65,8 @@ static void matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
  * format the model's weights pair with. */
 static void quantize_row(pd_model *m, int t, int n_in) {
     const float *src = m->xn + (size_t)t * m->max_in;
-    if (m->need_q8) m->k->quantize_q8(src, m->xq + (size_t)t * m->xq_stride, n_in);
-    if (m->need_q8k && n_in % PD_QKK == 0) m->k->quantize_q8k(src, m->xqk + (size_t)t * m->xqk_stride, n_in);
+    if (m->need_q8) m->kt->quantize_q8(src, m->xq + (size_t)t * m->xq_stride, n_in);
+    if (m->need_q8k && n_in % PD_QKK == 0) m->kt->quantize_q8k(src, m->xqk + (size_t)t * m->xqk_stride, n_in);
 }
 
 /* xn[t] = rmsnorm(src[t]) (or a copy), quantized: the input of the next matmuls, one token. */
@@ -104,8 +104,8 @@ static void append_kv(pd_model *m, int l, int s, int p, const float *k, const fl
     int kvd = m->c.n_head_kv * m->c.head_dim;
     p = (int)(kv_row(m, l, s, p) / kvd);
     if (m->c.kv_f16) {
-        m->k->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
-        m->k->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
+        m->kt->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
+        m->kt->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
     } else {
         memcpy((float *)m->kc[l] + (size_t)p * kvd, k, (size_t)kvd * sizeof(float));
         memcpy((float *)m->vc[l] + (size_t)p * kvd, v, (size_t)kvd * sizeof(float));
@@ -117,7 +117,7 @@ static void append_kv(pd_model *m, int l, int s, int p, const float *k, const fl
  * runs of rows (before and after the wrap); the kernels stream each run once. */
 static void attend(pd_model *m, int l, int sq, int kvh, const float *q, int lo, int hi, float scale,
                    float *scores, float *out) {
-    const pd_kernels *K = m->k;
+    const pd_kernels *K = m->kt;
     int hd = m->c.head_dim, cap = m->kv_cap[l], f16 = m->c.kv_f16;
     size_t kvd = (size_t)m->c.n_head_kv * hd, esz = m->kv_elem, off = (size_t)kvh * hd;
     int run[2], n_runs = 0, from[2];
@@ -241,7 +241,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
         matmul_rows(m, pd_layer_tensor(m, l, PD_UP), r0, r1, n, m->up, nff);
         for (int t = 0; t < n; t++) {
             float *g = m->gate + (size_t)t * nff, *u = m->up + (size_t)t * nff;
-            m->k->act_mul(g + r0, u + r0, r1 - r0, c->act_gelu);
+            m->kt->act_mul(g + r0, u + r0, r1 - r0, c->act_gelu);
         }
     }
     END_PHASE(w, nc);
@@ -287,7 +287,7 @@ static int forward(pd_worker *w, step_ctx *s) {
         int r0 = ci * ch, r1 = r0 + ch < c->n_vocab ? r0 + ch : c->n_vocab;
         matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
         if (s->summ)   /* while this chunk of logits is hot (sampling/summary.h) */
-            pd_summ_fold(m->k, &m->summ[w->ith], s->logits + r0, r0, r1 - r0, m->summ_inv_t, &m->summ_cmax[ci],
+            pd_summ_fold(m->kt, &m->summ[w->ith], s->logits + r0, r0, r1 - r0, m->summ_inv_t, &m->summ_cmax[ci],
                          &m->summ_csum[ci]);
     }
     END_PHASE(w, nc);

@@ -110,7 +110,7 @@ void pd_model_free(pd_model *m) {
     free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
     free(m->summ); free(m->summ_cmax); free(m->summ_csum);
     for (int i = 0; i < m->n_repacked; i++) free(m->repacked[i]);
-    free(m->repacked); free(m->repacked_slot);
+    free(m->repacked); free(m->repacked_slot); free(m->local_layers);
     free(m);
 }
 
@@ -121,10 +121,12 @@ void pd_model_free(pd_model *m) {
  * The embedding table is read a row at a time and keeps the file's layout; a head tied to it
  * gets its own repacked copy in the output slot (the file's pages of the table are then only
  * touched row by row). */
+static size_t repack_size(const pd_kernels *K, const pd_tensor *t);
+
 static int repack_one(pd_model *m, pd_tensor *t, int slot_index) {
     const int rt = pd_repacked_type(t->type);
-    if (rt < 0 || !m->k->matmul[rt] || t->ne1 % PD_R16_ROWS || t->ne1 > INT32_MAX) return 0;
-    const size_t bytes = (size_t)t->ne1 * t->row_bytes;
+    const size_t bytes = repack_size(m->kt, t);
+    if (!bytes) return 0;
     void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!buf) return -1;
     if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); return 0; }
@@ -136,22 +138,34 @@ static int repack_one(pd_model *m, pd_tensor *t, int slot_index) {
     return 1;
 }
 
+/* Whether tensor slot i (of all PD_GLOBAL_SLOTS + n_layer * PD_LAYER_SLOTS) may be repacked:
+ * the output head and the layers' matmuls, Q/K/V only when their sizes keep row groups aligned. */
+static int repack_slot_eligible(const pd_config *c, int i) {
+    if (i < PD_GLOBAL_SLOTS) return i == PD_OUTPUT;
+    const int slot = (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
+    const int qkv_ok = (c->n_head * c->head_dim) % PD_R16_ROWS == 0 &&
+                       (c->n_head_kv * c->head_dim) % PD_R16_ROWS == 0;
+    return slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
+           (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
+}
+
+/* Whether tensor t would be repacked on table K (and its bytes then). */
+static size_t repack_size(const pd_kernels *K, const pd_tensor *t) {
+    const int rt = pd_repacked_type(t->type);
+    if (!t->data || rt < 0 || !K->matmul[rt] || t->ne1 % PD_R16_ROWS || t->ne1 > INT32_MAX) return 0;
+    return (size_t)t->ne1 * t->row_bytes;
+}
+
 static int repack_weights(pd_model *m) {
     const pd_config *c = &m->c;
     const int n_slots = PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS;
-    const int qkv_ok = (c->n_head * c->head_dim) % PD_R16_ROWS == 0 &&
-                       (c->n_head_kv * c->head_dim) % PD_R16_ROWS == 0;
     m->repacked = calloc((size_t)n_slots, sizeof(void *));
     m->repacked_slot = calloc((size_t)n_slots, sizeof(int));
     if (!m->repacked || !m->repacked_slot) return PD_ENOMEM;
     if (c->no_repack) return PD_OK;
     for (int i = 0; i < n_slots; i++) {
-        const int slot = i < PD_GLOBAL_SLOTS ? i : (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
-        const int eligible = i < PD_GLOBAL_SLOTS ? slot == PD_OUTPUT
-            : slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
-              (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
         pd_tensor *t = i < PD_GLOBAL_SLOTS ? &m->g[i] : &m->lt[i - PD_GLOBAL_SLOTS];
-        if (!eligible) continue;
+        if (!repack_slot_eligible(c, i)) continue;
         if (i == PD_OUTPUT && !t->data) {             /* tied head: a repacked copy of its own */
             pd_tensor head = m->g[PD_TOK_EMBD];
             const int rc = repack_one(m, &head, i);
@@ -164,6 +178,68 @@ static int repack_weights(pd_model *m) {
     return PD_OK;
 }
 
+/* Positions layer l's cache holds per sequence: n_ctx, or for a local layer a ring of window +
+ * n_batch (a step's earliest query of a sequence still sees its whole window). */
+static int kv_capacity(const pd_config *c, int l) {
+    const int ring = c->sliding_window + c->n_batch;
+    return pd_layer_is_local(c, l) && ring < c->n_ctx ? ring : c->n_ctx;
+}
+
+/* The scratch buffers of a step, for up to n_batch tokens: their sizes in bytes, in one place
+ * for the allocation (pd_model_new) and the estimate before it (pd_config_memory_bytes). */
+enum { S_X, S_XN, S_XQ, S_XQK, S_Q, S_KK, S_VV, S_ATT, S_GATE, S_UP, S_TMP, S_SCORES, S_ROPE, S_IDX, S_N };
+static size_t max_input(const pd_config *c) {
+    size_t d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim, mx = d > qd ? d : qd;
+    return (size_t)c->n_ff > mx ? (size_t)c->n_ff : mx;
+}
+static void scratch_sizes(const pd_config *c, size_t sz[S_N]) {
+    const size_t nb = (size_t)c->n_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
+    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, mi = max_input(c);
+    const int rope_dim = c->rope_dim > 0 ? c->rope_dim : c->head_dim;
+    sz[S_X] = sz[S_TMP] = nb * d * sizeof(float);
+    sz[S_XN] = nb * mi * sizeof(float);
+    sz[S_XQ] = nb * (mi / PD_QK) * sizeof(pd_q8);
+    sz[S_XQK] = nb * (mi / PD_QKK + 1) * sizeof(pd_q8k);
+    sz[S_Q] = sz[S_ATT] = nb * qd * sizeof(float);
+    sz[S_KK] = sz[S_VV] = nb * kvd * sizeof(float);
+    sz[S_GATE] = sz[S_UP] = nb * (size_t)c->n_ff * sizeof(float);
+    sz[S_SCORES] = (size_t)(c->n_threads > 0 ? c->n_threads : 1) * c->n_ctx * sizeof(float);
+    sz[S_ROPE] = nb * 2 * (size_t)(rope_dim > 0 ? rope_dim : 2) * sizeof(float);
+    sz[S_IDX] = nb * sizeof(int32_t);
+}
+
+/* The KV cache's bytes, all layers and slots. */
+static size_t kv_cache_bytes(const pd_config *c) {
+    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, elem = c->kv_f16 ? 2 : 4;
+    size_t total = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        total += 2 * (size_t)(c->n_seq > 0 ? c->n_seq : 1) * kv_capacity(c, l) * kvd * elem;
+    return total;
+}
+
+size_t pd_config_kv_bytes(const pd_config *cfg) { return cfg && cfg->n_layer >= 1 ? kv_cache_bytes(cfg) : 0; }
+
+size_t pd_config_memory_bytes(const pd_config *cfg) {
+    if (!cfg || cfg->n_layer < 1) return 0;
+    size_t sz[S_N], total = kv_cache_bytes(cfg);
+    scratch_sizes(cfg, sz);
+    for (int i = 0; i < S_N; i++) total += sz[i];
+    return total;
+}
+
+size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, int n_tensors, const char *isa) {
+    const pd_kernels *K = pd_kernels_select(isa);
+    if (!cfg || !tensors || !K || cfg->no_repack || n_tensors != PD_GLOBAL_SLOTS + cfg->n_layer * PD_LAYER_SLOTS)
+        return 0;
+    size_t total = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        if (!repack_slot_eligible(cfg, i)) continue;
+        const pd_tensor *t = i == PD_OUTPUT && !tensors[i].data ? &tensors[PD_TOK_EMBD] : &tensors[i];
+        total += repack_size(K, t);
+    }
+    return total;
+}
+
 pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_tensors,
                        const char *isa, char *err, int err_len) {
     const pd_kernels *K = pd_kernels_select(isa);
@@ -172,17 +248,18 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     pd_model *m = calloc(1, sizeof *m);
     if (!m) { pd_set_err(err, err_len, "out of memory"); return NULL; }
     m->c = *cfg;
-    m->k = K;
+    m->kt = K;
     if (m->c.rope_dim == 0) m->c.rope_dim = m->c.head_dim;
     if (m->c.n_threads < 1) m->c.n_threads = 1;
     if (m->c.n_seq < 1) m->c.n_seq = 1;
+    m->local_layers = calloc((size_t)cfg->n_layer, 1);
+    if (m->local_layers && cfg->local_layers) memcpy(m->local_layers, cfg->local_layers, (size_t)cfg->n_layer);
+    m->c.local_layers = m->local_layers;
     memcpy(m->g, tensors, sizeof m->g);
     size_t nl = (size_t)cfg->n_layer * PD_LAYER_SLOTS;
     m->lt = malloc(nl * sizeof(pd_tensor));
-    int nb = cfg->n_batch, d = cfg->n_embd, qd = cfg->n_head * cfg->head_dim;
-    int kvd = cfg->n_head_kv * cfg->head_dim;
-    m->max_in = (size_t)(d > qd ? d : qd);
-    if ((size_t)cfg->n_ff > m->max_in) m->max_in = cfg->n_ff;
+    const int kvd = cfg->n_head_kv * cfg->head_dim;
+    m->max_in = max_input(cfg);
     m->xq_stride = m->max_in / PD_QK;
     m->xqk_stride = m->max_in / PD_QKK + 1;
     for (int i = 0; i < n_tensors; i++) {
@@ -195,10 +272,9 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->kv_cap = calloc((size_t)cfg->n_layer, sizeof(int));
-    int ok = m->lt && m->kc && m->vc && m->kv_cap;
+    int ok = m->lt && m->kc && m->vc && m->kv_cap && m->local_layers;
     for (int l = 0; ok && l < cfg->n_layer; l++) {
-        int cap = cfg->n_ctx;
-        if (pd_layer_is_local(cfg, l) && cfg->sliding_window + nb < cap) cap = cfg->sliding_window + nb;
+        const int cap = kv_capacity(&m->c, l);
         m->kv_cap[l] = cap;
         size_t bytes = (size_t)m->c.n_seq * cap * kvd * m->kv_elem;
         m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
@@ -208,25 +284,27 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     }
     if (ok) {
         memcpy(m->lt, tensors + PD_GLOBAL_SLOTS, nl * sizeof(pd_tensor));
-        m->x = malloc((size_t)nb * d * sizeof(float));
-        m->xn = malloc((size_t)nb * m->max_in * sizeof(float));
-        m->xq = malloc((size_t)nb * m->xq_stride * sizeof(pd_q8));
-        m->xqk = malloc((size_t)nb * m->xqk_stride * sizeof(pd_q8k));
-        m->q = malloc((size_t)nb * qd * sizeof(float));
-        m->kk = malloc((size_t)nb * kvd * sizeof(float));
-        m->vv = malloc((size_t)nb * kvd * sizeof(float));
-        m->att = malloc((size_t)nb * qd * sizeof(float));
-        m->gate = malloc((size_t)nb * cfg->n_ff * sizeof(float));
-        m->up = malloc((size_t)nb * cfg->n_ff * sizeof(float));
-        m->tmp = malloc((size_t)nb * d * sizeof(float));
-        m->scores = malloc((size_t)m->c.n_threads * cfg->n_ctx * sizeof(float));
-        m->rope_cs = malloc((size_t)nb * 2 * (m->c.rope_dim > 0 ? m->c.rope_dim : 2) * sizeof(float));
+        size_t sz[S_N];
+        scratch_sizes(&m->c, sz);
+        m->x = malloc(sz[S_X]);
+        m->xn = malloc(sz[S_XN]);
+        m->xq = malloc(sz[S_XQ]);
+        m->xqk = malloc(sz[S_XQK]);
+        m->q = malloc(sz[S_Q]);
+        m->kk = malloc(sz[S_KK]);
+        m->vv = malloc(sz[S_VV]);
+        m->att = malloc(sz[S_ATT]);
+        m->gate = malloc(sz[S_GATE]);
+        m->up = malloc(sz[S_UP]);
+        m->tmp = malloc(sz[S_TMP]);
+        m->scores = malloc(sz[S_SCORES]);
+        m->rope_cs = malloc(sz[S_ROPE]);
         m->n_phases = 4 + 12 * cfg->n_layer;
         m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
         m->step = calloc(1, sizeof(step_ctx));
-        m->pos = malloc((size_t)nb * sizeof(int32_t));
-        m->seq = malloc((size_t)nb * sizeof(int32_t));
-        m->out_idx = malloc((size_t)nb * sizeof(int32_t));
+        m->pos = malloc(sz[S_IDX]);
+        m->seq = malloc(sz[S_IDX]);
+        m->out_idx = malloc(sz[S_IDX]);
         m->seq_next = malloc((size_t)m->c.n_seq * sizeof(int32_t));
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
@@ -249,7 +327,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
 }
 
 const char *pd_model_error(const pd_model *m) { return m ? m->err : "no model"; }
-const char *pd_model_isa(const pd_model *m) { return m ? m->k->name : ""; }
+const char *pd_model_isa(const pd_model *m) { return m ? m->kt->name : ""; }
 size_t pd_model_kv_bytes(const pd_model *m) { return m ? m->kv_bytes : 0; }
 int pd_model_kv_cap(const pd_model *m, int layer) {
     return m && layer >= 0 && layer < m->c.n_layer ? m->kv_cap[layer] : -1;

@@ -19,7 +19,7 @@
 
 struct pd_model {
     pd_config c;
-    const pd_kernels *k;
+    const pd_kernels *kt;        /* the kernel table (kernels/kernels.h) */
     pd_pool *pool;
     pd_tensor g[PD_GLOBAL_SLOTS];
     pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
@@ -56,6 +56,7 @@ struct pd_model {
     void **repacked;
     int *repacked_slot, n_repacked;
     size_t repacked_bytes;
+    uint8_t *local_layers;     /* the model's copy of cfg->local_layers (c.local_layers points here) */
     /* The sampling summary (summary.h): one candidate list per thread, stats per head chunk. */
     float summ_inv_t;          /* > 0: summarize steps that return one row of logits */
     pd_summ_list *summ;        /* [n_threads], allocated on first use */
@@ -87,10 +88,10 @@ static inline const pd_tensor *pd_layer_tensor(const pd_model *m, int l, int slo
     return &m->lt[(size_t)l * PD_LAYER_SLOTS + slot];
 }
 
-/* A sliding-window (local) layer: every layer when swa_period <= 0, else all but every
- * swa_period-th (gemma3: 5 local, then 1 global). Its cache is a ring (load.c: kv capacity). */
+/* A sliding-window (local) layer, as the config says (the rule is Python's: ArchConfig.layer_is_local).
+ * Its cache is a ring (load.c: kv capacity). */
 static inline int pd_layer_is_local(const pd_config *c, int l) {
-    return c->sliding_window > 0 && (c->swa_period <= 0 || (l + 1) % c->swa_period != 0);
+    return c->sliding_window > 0 && c->local_layers && c->local_layers[l];
 }
 
 /* Rows per chunk of a phase over a matrix of `rows` rows. They depend on the matrix only (never

@@ -1,6 +1,6 @@
 /* A step's way into the core: its arguments checked, then published to the thread pool.
  *
- * pd_prefill / pd_prefill_seq / pd_decode_step run one sequence's tokens (in chunks of n_batch:
+ * pd_prefill / pd_decode_step run one sequence's tokens (in chunks of n_batch:
  * causal attention makes chunked == whole-block, exactly); pd_batch_step runs several
  * sequences' tokens in one pass. Each checks everything first (no thread touches a bad id,
  * position or slot), then publish_step() hands the step to the pool and runs its share.
@@ -84,16 +84,12 @@ static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, f
     return PD_OK;
 }
 
-int pd_prefill(pd_model *m, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
-    return run_seq(m, tokens, n, pos, 0, logits, all_logits);
-}
-
-int pd_prefill_seq(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
+int pd_prefill(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
     return run_seq(m, tokens, n, pos, seq, logits, all_logits);
 }
 
-int pd_decode_step(pd_model *m, int32_t token, int pos, float *logits) {
-    return run_seq(m, &token, 1, pos, 0, logits, 0);
+int pd_decode_step(pd_model *m, int seq, int32_t token, int pos, float *logits) {
+    return run_seq(m, &token, 1, pos, seq, logits, 0);
 }
 
 int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,

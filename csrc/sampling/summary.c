@@ -126,7 +126,7 @@ int pd_model_set_summary(pd_model *m, float inv_t) {
     return PD_OK;
 }
 
-int pd_model_sample(pd_model *m, int top_k, double top_p, double min_p, double u01) {
+int pd_model_summary_sample(pd_model *m, int top_k, double top_p, double min_p, double u01) {
     if (!m || !m->summ_ready) return -2;
     return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
                           top_k, m->summ_inv_t, top_p, min_p, u01);

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..chat_session import ChatSession, is_base_model
+from ..chat import ChatSession, is_base_model
 from ..errors import PydecodeError
 from . import common
 from .terminal import Style, WordWrapper, use_colour

@@ -22,15 +22,13 @@ def info(model, model_arg):
         c = arch_config(g)
     except (PydecodeError, ValueError, OSError) as e:
         common.fail(e)
-    n_params = sum(t.n_elements for t in g.tensors.values())
+    n_params = c.n_params(g)
     mix = Counter()
     by_bytes = Counter()
     for t in g.tensors.values():
         mix[t.type_name] += 1
         by_bytes[t.type_name] += t.n_bytes
-    weight = sum(t.n_bytes for t in g.tensors.values())
-    emb = g.tensors["token_embd.weight"].n_bytes
-    per_token = weight - emb + (emb if c.tied_output else 0)
+    per_token = c.weight_bytes_per_token(g)
     kv = c.kv_bytes_per_token(2)
     click.echo(f"file            {path} ({g.file_size / 1e6:.1f} MB)")
     click.echo(f"name            {g.metadata.get('general.name', '?')}")

@@ -7,7 +7,7 @@ even alone is refused and the history is left as it was.
 """
 from __future__ import annotations
 
-from .errors import ContextFullError
+from ..errors import ContextFullError
 
 
 def is_base_model(metadata: dict) -> bool:

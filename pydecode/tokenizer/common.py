@@ -1,0 +1,17 @@
+"""What the tokenizer's parts share: llama.cpp's token types, the end-of-generation markers,
+and the error every part raises."""
+from __future__ import annotations
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Token texts that end a generation when present in the vocabulary (llama.cpp keeps the same
+# kind of list, because GGUF files rarely name all of them in metadata).
+EOG_MARKERS = (
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>", "<|end|>",
+    "</s>", "<|end_of_text|>", "<EOT>", "<end_of_utterance>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+)
+
+
+class TokenizerError(ValueError):
+    """The GGUF tokenizer metadata cannot be used, or a token id is out of range."""
