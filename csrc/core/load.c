@@ -224,7 +224,7 @@ size_t pd_config_memory_bytes(const pd_config *cfg) {
     size_t sz[S_N], total = kv_cache_bytes(cfg);
     scratch_sizes(cfg, sz);
     for (int i = 0; i < S_N; i++) total += sz[i];
-    return total;
+    return total + 2 * sz[S_IDX];   /* positions, slots and logit rows: three index buffers */
 }
 
 size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, int n_tensors, const char *isa) {
@@ -286,25 +286,17 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         memcpy(m->lt, tensors + PD_GLOBAL_SLOTS, nl * sizeof(pd_tensor));
         size_t sz[S_N];
         scratch_sizes(&m->c, sz);
-        m->x = malloc(sz[S_X]);
-        m->xn = malloc(sz[S_XN]);
-        m->xq = malloc(sz[S_XQ]);
-        m->xqk = malloc(sz[S_XQK]);
-        m->q = malloc(sz[S_Q]);
-        m->kk = malloc(sz[S_KK]);
-        m->vv = malloc(sz[S_VV]);
-        m->att = malloc(sz[S_ATT]);
-        m->gate = malloc(sz[S_GATE]);
-        m->up = malloc(sz[S_UP]);
-        m->tmp = malloc(sz[S_TMP]);
-        m->scores = malloc(sz[S_SCORES]);
-        m->rope_cs = malloc(sz[S_ROPE]);
+        /* Each scratch buffer where scratch_sizes says (the order of its enum). */
+        void **buf[S_N] = { (void **)&m->x, (void **)&m->xn, (void **)&m->xq, (void **)&m->xqk,
+                            (void **)&m->q, (void **)&m->kk, (void **)&m->vv, (void **)&m->att,
+                            (void **)&m->gate, (void **)&m->up, (void **)&m->tmp, (void **)&m->scores,
+                            (void **)&m->rope_cs, (void **)&m->pos };
+        for (int i = 0; i < S_N; i++) *buf[i] = malloc(sz[i]);
+        m->seq = malloc(sz[S_IDX]);
+        m->out_idx = malloc(sz[S_IDX]);
         m->n_phases = 4 + 12 * cfg->n_layer;
         m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
         m->step = calloc(1, sizeof(step_ctx));
-        m->pos = malloc(sz[S_IDX]);
-        m->seq = malloc(sz[S_IDX]);
-        m->out_idx = malloc(sz[S_IDX]);
         m->seq_next = malloc((size_t)m->c.n_seq * sizeof(int32_t));
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
