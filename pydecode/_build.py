@@ -17,7 +17,7 @@ ROOT = os.path.dirname(HERE)
 SOURCES = [
     "csrc/core/forward.c", "csrc/core/step.c", "csrc/core/load.c", "csrc/core/threadpool.c",
     "csrc/core/mapguard.c", "csrc/core/bandwidth.c",
-    "csrc/kernels/dispatch.c", "csrc/kernels/quant.c", "csrc/kernels/scalar.c", "csrc/kernels/kernel_api.c",
+    "csrc/kernels/dispatch.c", "csrc/kernels/quant.c", "csrc/kernels/kquant_r16.c", "csrc/kernels/scalar.c", "csrc/kernels/kernel_api.c",
     "csrc/sampling/sampling.c", "csrc/sampling/summary.c",
 ]
 # ISA file -> (its flags, the macro that tells dispatch.c its table is compiled in).
@@ -26,6 +26,7 @@ X86_ISA_SOURCES = {
     "csrc/kernels/x86/avx2.c": (["-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVX2"),
     "csrc/kernels/x86/avx512.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avx512_kquant.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
+    "csrc/kernels/x86/avx512_kr16.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avxvnni.c": (["-mavxvnni", "-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVXVNNI"),
 }
 

@@ -238,6 +238,7 @@ class Model:
         cfg.kv_f16 = int(self.kv_type == "f16")
         cfg.n_seq = self.n_seq
         cfg.no_repack = int(not self.repack)
+        cfg.weights_mapped = 1   # gguf_file maps the file read-only
         cfg.n_batch = self.n_batch
         names = list(GLOBAL_TENSORS) + [f"blk.{l}.{t}" for l in range(c.n_layer) for t in LAYER_TENSORS]
         tensors = ffi.new("pd_tensor[]", len(names))

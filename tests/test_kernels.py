@@ -652,14 +652,39 @@ def test_repacked_vs_gguf_and_its_twin(isa, qtype, k, nrows, ncols):
     assert (np.abs(y - matmul(isa, qtype, wbytes, nrows, k, x)) <= tol).all()
 
 
+KR16_TYPES = [QT.Q4_K, QT.Q6_K]
+
+
+@pytest.mark.parametrize("isa", REPACKED_ISAS + ["avx2"])
+@pytest.mark.parametrize("qtype", KR16_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [256, 512, 1536])
+@pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 5), (48, 3), (160, 9), (32, 17), (64, 64)])
+def test_kquants_repacked_bit_identical_to_the_scalar_file_kernels(isa, qtype, k, nrows, ncols):
+    """Q4_K and Q6_K repacked by 16 rows (PD_Q4_K_R16, PD_Q6_K_R16): every ISA's kernel and the
+    plain-C twin of the layout give the scalar table's results on the file's layout bit for bit
+    (the same exact integers per super-block, then the same float expression), and so pass the
+    gguf oracle with its tolerances."""
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} is not supported by this CPU")
+    if isa != "scalar" and not lib.pd_kernel_has_repacked(isa.encode(), int(qtype)):
+        pytest.skip(f"no repacked {qtype.name} kernel in the {isa} table")
+    wbytes, wd = weights(qtype, nrows, k)
+    x = acts(ncols, k)
+    y = matmul_repacked(isa, qtype, wbytes, nrows, k, x)
+    check_against_oracle(y, wd, x, qtype)
+    assert y.tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
+
+
 @pytest.mark.parametrize("isa_name", ["avxvnni", "avx512"])
-@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", REPACKED_TYPES + KR16_TYPES, ids=lambda t: t.name)
 def test_repacked_bit_identical_in_any_tile(isa_name, qtype):
     """A repacked row group's results do not depend on the columns computed with it (tiles of
     up to 8 columns, the decode column alone) nor on the groups beside it."""
     if not lib.pd_isa_supported(isa_name.encode()):
         pytest.skip(f"no {isa_name} on this CPU")
-    nrows, k = 64, 576
+    nrows, k = 64, 576 if qtype not in KR16_TYPES else 768
+    if not lib.pd_kernel_has_repacked(isa_name.encode(), int(qtype)):
+        pytest.skip(f"no repacked {qtype.name} kernel in the {isa_name} table")
     wbytes, _ = weights(qtype, nrows, k)
     x = acts(19, k)
     whole = matmul_repacked(isa_name, qtype, wbytes, nrows, k, x)
@@ -672,7 +697,7 @@ def test_repacked_bit_identical_in_any_tile(isa_name, qtype):
 
 
 @pytest.mark.parametrize("nrows,qtype,isa_name", [(15, QT.Q4_1, "scalar"), (17, QT.Q4_1, "scalar"),
-                                                   (16, QT.Q4_K, "scalar"), (16, QT.Q4_1, "avx2")])
+                                                   (16, QT.Q2_K, "scalar"), (16, QT.Q4_1, "avx2")])
 def test_repacked_rejects_what_it_cannot_do(nrows, qtype, isa_name):
     """Rows not in whole groups of 16, a format without a repacked layout, or an ISA without
     the kernel: PD_EINVAL, never a wrong answer."""

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 int pd_set_err(char *buf, int len, const char *fmt, ...) {
     va_list ap;
@@ -123,13 +125,23 @@ void pd_model_free(pd_model *m) {
  * touched row by row). */
 static size_t repack_size(const pd_kernels *K, const pd_tensor *t);
 
-static int repack_one(pd_model *m, pd_tensor *t, int slot_index) {
+/* The file's pages wholly inside [p, p + n) leave this process's resident memory (the kernels
+ * read the copy now; a later read would fault them back in from the file): resident memory does
+ * not hold a repacked tensor twice. */
+static void release_file_pages(const void *p, size_t n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) / pg * pg,
+                    e = ((uintptr_t)p + n) / pg * pg;
+    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+static int repack_one(pd_model *m, pd_tensor *t, int slot_index, int release) {
     const int rt = pd_repacked_type(t->type);
     const size_t bytes = repack_size(m->kt, t);
     if (!bytes) return 0;
     void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!buf) return -1;
     if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); return 0; }
+    if (release && m->c.weights_mapped) release_file_pages(t->data, bytes);
     m->repacked[m->n_repacked] = buf;
     m->repacked_slot[m->n_repacked++] = slot_index;
     m->repacked_bytes += bytes;
@@ -168,10 +180,10 @@ static int repack_weights(pd_model *m) {
         if (!repack_slot_eligible(c, i)) continue;
         if (i == PD_OUTPUT && !t->data) {             /* tied head: a repacked copy of its own */
             pd_tensor head = m->g[PD_TOK_EMBD];
-            const int rc = repack_one(m, &head, i);
+            const int rc = repack_one(m, &head, i, 0);   /* the table itself is still read */
             if (rc < 0) return PD_ENOMEM;
             if (rc) *t = head;
-        } else if (t->data && repack_one(m, t, i) < 0) {
+        } else if (t->data && repack_one(m, t, i, 1) < 0) {
             return PD_ENOMEM;
         }
     }

@@ -19,7 +19,7 @@ enum {
     PD_Q6_K = 14, PD_Q8_K = 15, PD_BF16 = 30,
     /* Our own layouts, built at load (pd_repack), never read from a file: ids past GGML's. */
     PD_FIRST_REPACKED = 48, PD_Q4_0_R16 = 48, PD_Q4_1_R16 = 49, PD_Q5_0_R16 = 50, PD_Q5_1_R16 = 51,
-    PD_Q8_0_R16 = 52, PD_NTYPES = 53
+    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_NTYPES = 55
 };
 
 /* Activation formats a weight type pairs with. */
@@ -150,6 +150,42 @@ typedef struct {
     int8_t scales[16];
     uint16_t d;
 } pd_block_q6_k;                                                            /* 210 bytes */
+
+/* Q4_K and Q6_K repacked by 16 rows (PD_Q4_K_R16, PD_Q6_K_R16, built at load by pd_repack):
+ * super-block b of rows 16i..16i+15 in one record of exactly the bytes of their 16 file blocks.
+ * As in the legacy R16 layouts, a 64-byte register holds 4 bytes of each of the 16 rows (row j
+ * at bytes 4j..4j+3, one 32-bit lane per row), so a vpdpbusd against 4 activation bytes
+ * broadcast to every lane gives 16 rows' 4-value dots, and every scale applies per lane: the
+ * sub-block scales are extracted lane-wise by shifts and masks (never a cross-lane shuffle), and
+ * the super-block's float step d*isum - dmin*msum is done for 16 rows at once.
+ *
+ * PD_Q4_K_R16 (2304 bytes):
+ *     uint8  qs[2048]   qs[64(8p + t) + 4j + i] = row j's qs[32p + 4t + i] (p < 4, t < 8): low
+ *                       nibble value 64p + 4t + i (sub-block 2p), high nibble 32 values later
+ *                       (sub-block 2p + 1)
+ *     uint16 d[16], dmin[16]
+ *     uint8  scales[192] scales[64w + 4j + i] = row j's scales[4w + i] (w < 3): the file's 6-bit
+ *                       packing, unpacked for 16 rows by pd_unpack_scales_k4's word arithmetic
+ * PD_Q6_K_R16 (3360 bytes): with q(n) row j's 6-bit stored value n (0..63), lo = q & 15, hi = q >> 4
+ *     uint8  qs[3072]   3 registers per group v < 16: the 4 values 4v + i + 64Q of each quarter
+ *                       Q < 4 (n0..n3 below) as bytes 4j + i of
+ *                         R1 = lo(n0) | hi(n0) << 4 | hi(n2) << 6     at qs + 64(3v)
+ *                         R2 = lo(n1) | hi(n1) << 4 | hi(n3) << 6     at qs + 64(3v + 1)
+ *                         R3 = lo(n2) | lo(n3) << 4                   at qs + 64(3v + 2)
+ *                       so u0 = R1 & 63, u1 = R2 & 63, u2 = (R3 & 15) | (R1 >> 2 & 48),
+ *                       u3 = (R3 >> 4 & 15) | (R2 >> 2 & 48): 9 operations per 4 registers
+ *     uint16 d[16]
+ *     int8   sc[256]    sc[32t + 2j + e] = row j's scales[2t + e] (t < 8): sign-extended to int16,
+ *                       lane j holds the pair (sc[2t], sc[2t+1]), which pairs with pd_q8k's
+ *                       (bsums[2t], bsums[2t+1]) in one vpdpwssd for the stored offset 32
+ * The kernels compute each super-block's integers isum = sum_s sc[s] * dot_s and msum exactly,
+ * then x.d * (d * isum - dmin * msum) as the scalar table does: the results are bit-identical
+ * to the scalar kernels on the file's layout (pd_scalar_matmul_kr16 is the twin of the layout). */
+enum { PD_KR16_Q4K_BYTES = 2304, PD_KR16_Q6K_BYTES = 3360 };
+static inline int pd_is_kr16(int rt) { return rt == PD_Q4_K_R16 || rt == PD_Q6_K_R16; }
+void pd_repack_kr16(int type, const void *src, size_t src_stride, int nrows, int k, void *dst);
+void pd_scalar_matmul_kr16(int rt, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                           int ncols, float *y, size_t ys);
 
 /* The 12 scale bytes of Q4_K/Q5_K -> 8 sc and 8 m of 6 bits: sub-blocks 0..3 keep theirs in
  * the low 6 bits of bytes 0..3 (sc) and 4..7 (m); sub-blocks 4..7 have their low 4 bits in the

@@ -51,24 +51,35 @@ int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, 
 int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                               const float *x, int ncols, float *y) {
     const pd_kernels *kt = pd_kernels_select(isa);
-    const int rt = pd_repacked_type(type);
-    if (!kt || rt < 0 || !w || !x || !y || nrows <= 0 || nrows % PD_REPACK_ROWS || ncols <= 0 || k <= 0 || k % PD_QK)
+    const int rt = pd_repacked_type(type), bs = pd_type_block_size(type);
+    if (!kt || rt < 0 || !w || !x || !y || nrows <= 0 || nrows % PD_REPACK_ROWS || ncols <= 0 || k <= 0 || k % bs)
         return PD_EINVAL;
-    const int twin = strcmp(kt->name, "scalar") == 0;
+    const int twin = strcmp(kt->name, "scalar") == 0, q8k = pd_type_act_format(type) == PD_ACT_Q8K;
     const pd_matmul_fn fn = kt->matmul[rt];
-    if ((!twin && !fn) || w_stride < (size_t)(k / PD_QK) * pd_type_block_bytes(type)) return PD_EINVAL;
-    const size_t row_bytes = (size_t)(k / PD_QK) * pd_type_block_bytes(type), xs = (size_t)(k / PD_QK) * sizeof(pd_q8);
+    const size_t row_bytes = (size_t)(k / bs) * pd_type_block_bytes(type);
+    if ((!twin && !fn) || w_stride < row_bytes) return PD_EINVAL;
+    const size_t xs = q8k ? (size_t)(k / PD_QKK) * sizeof(pd_q8k) : (size_t)(k / PD_QK) * sizeof(pd_q8);
     char *packed = malloc(row_bytes * nrows), *xq = malloc(xs * ncols);
     int rc = PD_ENOMEM;
     if (packed && xq && pd_repack(type, w, w_stride, nrows, k, packed) == 0) {
-        for (int c = 0; c < ncols; c++) kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)(xq + c * xs), k);
-        if (twin) pd_scalar_matmul_r16(rt, k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
+        for (int c = 0; c < ncols; c++) {
+            if (q8k) kt->quantize_q8k(x + (size_t)c * k, (pd_q8k *)(xq + c * xs), k);
+            else kt->quantize_q8(x + (size_t)c * k, (pd_q8 *)(xq + c * xs), k);
+        }
+        if (twin && q8k) pd_scalar_matmul_kr16(rt, k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
+        else if (twin) pd_scalar_matmul_r16(rt, k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
         else fn(k, packed, row_bytes, nrows, xq, xs, ncols, y, nrows);
         rc = PD_OK;
     }
     free(packed);
     free(xq);
     return rc;
+}
+
+int pd_kernel_has_repacked(const char *isa, int type) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    const int rt = pd_repacked_type(type);
+    return kt && rt >= 0 && kt->matmul[rt] != NULL;
 }
 
 int pd_kernel_f32_to_f16(const char *isa, const float *x, uint16_t *y, int n) {

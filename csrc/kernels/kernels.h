@@ -39,9 +39,10 @@ typedef struct {
 
 /* A table over an ISA file's functions of the standard names: quantize_q8, quantize_q8k,
  * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k), f32_to_f16,
- * attn_scores, exp_sub, attn_accum, act_mul, sum_exp, collect_above. (A table that reuses
+ * attn_scores, exp_sub, attn_accum, act_mul, sum_exp, collect_above, then the designators given
+ * after the name (the repacked layouts' entries). (A table that reuses
  * another's entries: x86/avx2_exports.h.) */
-#define PD_KERNEL_TABLE(isa_name) {                                                             \
+#define PD_KERNEL_TABLE(isa_name, ...) {                                                             \
     .name = isa_name, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,               \
     .matmul = { [PD_F32] = matmul_f32, [PD_F16] = matmul_f16, [PD_BF16] = matmul_bf16,         \
                 [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,     \
@@ -49,7 +50,8 @@ typedef struct {
                 [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k, [PD_Q5_K] = matmul_q5_k,     \
                 [PD_Q6_K] = matmul_q6_k },                                                     \
     .f32_to_f16 = f32_to_f16, .attn_scores = attn_scores, .exp_sub = exp_sub,                  \
-    .attn_accum = attn_accum, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above }
+    .attn_accum = attn_accum, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \
+    __VA_ARGS__ }
 
 extern const pd_kernels pd_kernels_scalar;
 #if defined(PD_HAVE_AVX2)

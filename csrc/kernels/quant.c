@@ -22,6 +22,8 @@ static type_traits traits(int type) {
     case PD_Q5_0_R16: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1_R16: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0_R16: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
+    case PD_Q4_K_R16: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
+    case PD_Q6_K_R16: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
@@ -51,7 +53,8 @@ const char *pd_type_name(int type) {
     const int n = (int)(sizeof type_names / sizeof type_names[0]);
     if (type >= PD_FIRST_REPACKED && type < PD_NTYPES) {
         static const char *const r16[] = { "Q4_0 (16-row repack)", "Q4_1 (16-row repack)", "Q5_0 (16-row repack)",
-                                           "Q5_1 (16-row repack)", "Q8_0 (16-row repack)" };
+                                           "Q5_1 (16-row repack)", "Q8_0 (16-row repack)",
+                                           "Q4_K (16-row repack)", "Q6_K (16-row repack)" };
         return r16[type - PD_FIRST_REPACKED];
     }
     return type >= 0 && type < n ? type_names[type] : "unknown";
@@ -243,6 +246,8 @@ int pd_repacked_type(int type) {
     case PD_Q5_0: return PD_Q5_0_R16;
     case PD_Q5_1: return PD_Q5_1_R16;
     case PD_Q8_0: return PD_Q8_0_R16;
+    case PD_Q4_K: return PD_Q4_K_R16;
+    case PD_Q6_K: return PD_Q6_K_R16;
     default: return -1;
     }
 }
@@ -264,7 +269,9 @@ static void file_block(int type, const char *blk, uint16_t *d, uint16_t *m, uint
 
 int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst) {
     const int rt = pd_repacked_type(type);
-    if (rt < 0 || !src || !dst || nrows <= 0 || nrows % PD_R16_ROWS || k <= 0 || k % PD_QK) return -1;
+    if (rt < 0 || !src || !dst || nrows <= 0 || nrows % PD_R16_ROWS || k <= 0 || k % pd_type_block_size(type))
+        return -1;
+    if (pd_is_kr16(rt)) { pd_repack_kr16(type, src, src_stride, nrows, k, dst); return 0; }
     const int nb = k / PD_QK;
     const size_t fb = pd_type_block_bytes(type), rb = pd_r16_bytes(rt);
     char *out = dst;

@@ -197,6 +197,9 @@ PD_Q_MATMULS   /* matmul_q4_0 .. matmul_q8_0 over tile_q (tiles.h) */
  * (kernels/x86/kquant.h, see there) with vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_add_epi32((acc), _mm256_madd_epi16((sc), (pairs)))
 #include "kernels/x86/kquant.h"
+/* Q4_K and Q6_K repacked by 16 rows (formats.h: PD_Q4_K_R16, PD_Q6_K_R16). */
+#define KR_KDOT PD_KDOT
+#include "kernels/x86/kr16_256.h"
 
 /* ---------------------------------------------------------------- float formats x float */
 
@@ -415,7 +418,8 @@ static int collect_above(const float *x, int n, float t, int32_t *out) {
     return nc;
 }
 
-const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2");
+const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2", .matmul[PD_Q4_K_R16] = matmul_q4_k_r16,
+                                                   .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels/x86/avxvnni.c, kernels/x86/avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */

@@ -124,6 +124,8 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * (kernels/x86/kquant.h, see there) with vpdpwssd for vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_dpwssd_avx_epi32((acc), (pairs), (sc))
 #include "kernels/x86/kquant.h"
+#define KR_KDOT PD_KDOT
+#include "kernels/x86/kr16_256.h"
 
 /* The legacy formats repacked by 16 rows (PD_*_R16, kernels.h), as kernels/x86/avx512.c does them
  * with 256-bit registers: a group's 16 rows in two passes of 8 (the low and the high 32 bytes
@@ -217,5 +219,6 @@ PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (kernel
 
 /* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
  * nothing from VNNI (the header), nor do the sampler's passes. */
-const pd_kernels pd_kernels_avxvnni = PD_TABLE_OVER_AVX2("avxvnni", PD_BLOCK_MATMULS_OWN);
+const pd_kernels pd_kernels_avxvnni = PD_TABLE_OVER_AVX2("avxvnni", PD_BLOCK_MATMULS_OWN,
+    .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
 #endif

@@ -1,0 +1,211 @@
+/* Q4_K and Q6_K repacked by 16 rows (formats.h: PD_Q4_K_R16, PD_Q6_K_R16) with 256-bit
+ * registers, for the AVX2 table (x86/avx2.c) and the AVX-VNNI one (x86/avxvnni.c), which
+ * include this after defining KR_KDOT(acc, pairs, sc) (int32 acc += the int16 pairs times sc,
+ * summed by twos: vpmaddwd + vpaddd, or AVX-VNNI's vpdpwssd).
+ *
+ * A record's 16 rows are done in two passes of 8 (the low and the high 32 bytes of each 64-byte
+ * register of the record), one 32-bit lane per row as in x86/avx512_kr16.c, with no vpdpbusd:
+ * vpmaddubsw of the unsigned quants and the 4 broadcast activation bytes gives each row's two
+ * int16 pair sums; those of a sub-block are added in int16 (Q4_K: 8 registers of quants <= 15,
+ * |sum| <= 8 * 2 * 15 * 127 < 2^15; Q6_K, quants <= 63: 2 registers) and KR_KDOT multiplies them
+ * by the sub-block's scale, an int16 pair (sc, sc) per lane made by one in-lane vpshufb. The
+ * integers are exact, the float step the scalar table's: bit-identical to it. */
+#ifndef PD_X86_KR16_256_H
+#define PD_X86_KR16_256_H
+
+#define KR2_CMAX 3   /* columns per pass: 16 ymm registers */
+
+/* The pshufb pattern putting byte k of each 32-bit lane into both int16 halves of it. */
+AI __m256i kr2_pair_of_byte(int k) {
+    return _mm256_set1_epi32((int)(0x80008000u | (uint32_t)k | (uint32_t)k << 16));
+}
+/* ... and int16 e (0, 1) of each lane into both halves. */
+AI __m256i kr2_pair_of_word(int e) {
+    const uint32_t b = (uint32_t)(2 * e), p = b | (b + 1) << 8;
+    return _mm256_set1_epi32((int)(p | p << 16));
+}
+/* pshufb indexes bytes within 16-byte lanes: add the 32-bit lane's base (0, 4, 8, 12). */
+AI __m256i kr2_lane_base(__m256i pat) {
+    return _mm256_add_epi8(pat, _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c,
+                                                  0, 0x04040404, 0x08080808, 0x0c0c0c0c));
+}
+
+AI __m256 kr2_step(__m256 acc, float xd, __m256 d, __m256i isum, __m256 dmin, __m256i msum, int has_min) {
+    __m256 t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+    if (has_min) t = _mm256_sub_ps(t, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum)));
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xd), t));
+}
+
+AI __m256i kr2_bcast(const void *p) { return _mm256_set1_epi32(ld32(p)); }
+
+AI void tile2_q4k(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    const size_t rb = PD_KR16_Q4K_BYTES;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), m2 = _mm256_set1_epi8(0x03);
+    const __m256i w16 = _mm256_set1_epi32(0x00ff00ff);
+    const int hb = 32 * half;
+    __m256 acc[KR2_CMAX];
+#pragma GCC unroll 3
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const char *rec = w + (size_t)b * rb;
+        for (size_t off = 0; off < rb; off += 128) _mm_prefetch(rec + 2 * rb + off + hb, _MM_HINT_T0);
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb)),
+                      s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + hb)),
+                      s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
+        const __m256i o0 = _mm256_and_si256(s0, m6);
+        const __m256i o1 = _mm256_or_si256(_mm256_and_si256(s2, lo4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), m2), 4));
+        const __m256i o2 = _mm256_and_si256(s1, m6);
+        const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), lo4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), m2), 4));
+        const pd_q8k *xb[KR2_CMAX];
+        __m256i isum[KR2_CMAX];
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) { xb[c] = (const pd_q8k *)(x + c * xs) + b; isum[c] = _mm256_setzero_si256(); }
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256i al[KR2_CMAX], ah[KR2_CMAX];
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++) al[c] = ah[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * (8 * p + t) + hb));
+                const __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 3
+                for (int c = 0; c < C; c++) {
+                    al[c] = _mm256_add_epi16(al[c], _mm256_maddubs_epi16(lo, kr2_bcast(xb[c]->qs + 64 * p + 4 * t)));
+                    ah[c] = _mm256_add_epi16(ah[c], _mm256_maddubs_epi16(hi, kr2_bcast(xb[c]->qs + 64 * p + 32 + 4 * t)));
+                }
+            }
+            const __m256i ow = p < 2 ? o0 : o1;
+            const __m256i sca = _mm256_shuffle_epi8(ow, kr2_lane_base(kr2_pair_of_byte(2 * (p & 1))));
+            const __m256i scb = _mm256_shuffle_epi8(ow, kr2_lane_base(kr2_pair_of_byte(2 * (p & 1) + 1)));
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++) {
+                isum[c] = KR_KDOT(isum[c], al[c], sca);
+                isum[c] = KR_KDOT(isum[c], ah[c], scb);
+            }
+        }
+        const __m256i mp[4] = { _mm256_and_si256(o2, w16), _mm256_and_si256(_mm256_srli_epi32(o2, 8), w16),
+                                _mm256_and_si256(o3, w16), _mm256_and_si256(_mm256_srli_epi32(o3, 8), w16) };
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * half)));
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * half)));
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            const int16_t *bs = xb[c]->bsums;
+            __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int s = (i & 1) + 4 * (i >> 1);        /* pairs (0,2) (1,3) (4,6) (5,7) */
+                const int lo = bs[2 * s] + bs[2 * s + 1], hi = bs[2 * s + 4] + bs[2 * s + 5];
+                const int32_t bp = (int32_t)(((uint32_t)(uint16_t)lo) | ((uint32_t)(uint16_t)hi << 16));
+                msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp));
+            }
+            acc[c] = kr2_step(acc[c], xb[c]->d, dv, isum[c], dmv, msum, 1);
+        }
+    }
+#pragma GCC unroll 3
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
+}
+
+AI void tile2_q6k(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    const size_t rb = PD_KR16_Q6K_BYTES;
+    const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
+    const int hb = 32 * half;
+    __m256 acc[KR2_CMAX];
+#pragma GCC unroll 3
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const char *rec = w + (size_t)b * rb;
+        for (size_t off = 0; off < rb; off += 128) _mm_prefetch(rec + 2 * rb + off + hb, _MM_HINT_T0);
+        const pd_q8k *xb[KR2_CMAX];
+        __m256i isum[KR2_CMAX];
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) { xb[c] = (const pd_q8k *)(x + c * xs) + b; isum[c] = _mm256_setzero_si256(); }
+#pragma GCC unroll 4
+        for (int vq = 0; vq < 4; vq++) {
+#pragma GCC unroll 4
+            for (int Q = 0; Q < 4; Q++) {
+                /* sub-block s = 4Q + vq: its 16 values are group v = 4vq..4vq+3 of quarter Q */
+                const int s = 4 * Q + vq;
+                const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 3104 + 32 * (s / 2) + 16 * half)));
+                const __m256i sc = _mm256_shuffle_epi8(pr, kr2_lane_base(kr2_pair_of_word(s & 1)));
+                __m256i a2[KR2_CMAX][2];
+#pragma GCC unroll 2
+                for (int vv = 0; vv < 4; vv += 2) {
+#pragma GCC unroll 2
+                    for (int e = 0; e < 2; e++) {
+                        const int v = 4 * vq + vv + e;
+                        const char *r = rec + 64 * 3 * v + hb;
+                        __m256i u;
+                        if (Q == 0) u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), m63);
+                        else if (Q == 1) u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 64)), m63);
+                        else if (Q == 2)
+                            u = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 128)), m15),
+                                                _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)r), 2), m48));
+                        else
+                            u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 128)), 4), m15),
+                                                _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 64)), 2), m48));
+#pragma GCC unroll 3
+                        for (int c = 0; c < C; c++) {
+                            const __m256i m = _mm256_maddubs_epi16(u, kr2_bcast(xb[c]->qs + 64 * Q + 4 * v));
+                            a2[c][vv / 2] = e ? _mm256_add_epi16(a2[c][vv / 2], m) : m;
+                        }
+                    }
+                }
+#pragma GCC unroll 3
+                for (int c = 0; c < C; c++) {
+                    isum[c] = KR_KDOT(isum[c], a2[c][0], sc);
+                    isum[c] = KR_KDOT(isum[c], a2[c][1], sc);
+                }
+            }
+        }
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 3072 + 16 * half)));
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            __m256i off = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i sp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 3104 + 32 * t + 16 * half)));
+                off = KR_KDOT(off, sp, kr2_bcast(xb[c]->bsums + 2 * t));
+            }
+            isum[c] = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
+            acc[c] = kr2_step(acc[c], xb[c]->d, dv, isum[c], dv, isum[c], 0);
+        }
+    }
+#pragma GCC unroll 3
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
+}
+
+AI void tile2_kr16(int RT, int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, half, x, xs, y, ys);
+    else tile2_q6k(C, nb, w, half, x, xs, y, ys);
+}
+
+AI void matmul_kr16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
+                    float *y, size_t ys) {
+    const int nb = k / PD_QKK;
+    for (int r = 0; r < nrows; r += PD_R16_ROWS) {
+        const char *g = (const char *)w + (size_t)r * ws;
+        for (int c = 0; c < ncols; c += KR2_CMAX) {
+            const char *xc = (const char *)x + (size_t)c * xs;
+            float *yc = y + (size_t)c * ys + r;
+            for (int half = 0; half < 2; half++)
+                switch (ncols - c >= KR2_CMAX ? KR2_CMAX : ncols - c) {
+                case 1: tile2_kr16(RT, 1, nb, g, half, xc, xs, yc, ys); break;
+                case 2: tile2_kr16(RT, 2, nb, g, half, xc, xs, yc, ys); break;
+                default: tile2_kr16(RT, 3, nb, g, half, xc, xs, yc, ys); break;
+                }
+        }
+    }
+}
+
+static void matmul_q4_k_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                            int ncols, float *y, size_t ys) {
+    matmul_kr16(PD_Q4_K_R16, k, w, ws, nrows, x, xs, ncols, y, ys);
+}
+static void matmul_q6_k_r16(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
+                            int ncols, float *y, size_t ys) {
+    matmul_kr16(PD_Q6_K_R16, k, w, ws, nrows, x, xs, ncols, y, ys);
+}
+#endif
