@@ -26,6 +26,7 @@ int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, 
     if (!kt || type < 0 || type >= PD_NTYPES || !kt->matmul[type]) return PD_EINVAL;
     const int bs = pd_type_block_size(type), act = pd_type_act_format(type);
     if (bs <= 0 || k <= 0 || k % bs || nrows <= 0 || ncols <= 0 || !w || !x || !y) return PD_EINVAL;
+    if (type >= PD_FIRST_REPACKED && nrows % PD_REPACK_ROWS) return PD_EINVAL;   /* whole row groups */
     if (w_stride < (size_t)(k / bs) * pd_type_block_bytes(type)) return PD_EINVAL;
     if (act == PD_ACT_F32) {
         kt->matmul[type](k, w, w_stride, nrows, x, (size_t)k * sizeof(float), ncols, y, nrows);

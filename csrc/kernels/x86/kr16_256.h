@@ -3,8 +3,8 @@
  * include this after defining KR_KDOT(acc, pairs, sc) (int32 acc += the int16 pairs times sc,
  * summed by twos: vpmaddwd + vpaddd, or AVX-VNNI's vpdpwssd).
  *
- * A record's 16 rows are done in two passes of 8 (the low and the high 32 bytes of each 64-byte
- * register of the record), one 32-bit lane per row as in x86/avx512_kr16.c, with no vpdpbusd:
+ * A record's 16 rows are done as two halves of 8 (the low and the high 32 bytes of each 64-byte
+ * register of the record), one after the other while the record is in L1, one 32-bit lane per row as in x86/avx512_kr16.c, with no vpdpbusd:
  * vpmaddubsw of the unsigned quants and the 4 broadcast activation bytes gives each row's two
  * int16 pair sums; those of a sub-block are added in int16 (Q4_K: 8 registers of quants <= 15,
  * |sum| <= 8 * 2 * 15 * 127 < 2^15; Q6_K, quants <= 63: 2 registers) and KR_KDOT multiplies them
@@ -14,6 +14,9 @@
 #define PD_X86_KR16_256_H
 
 #define KR2_CMAX 3   /* columns per pass: 16 ymm registers */
+#ifndef KR2_PF
+#define KR2_PF 0     /* records ahead to prefetch (0: none, as x86/avx512_kr16.c) */
+#endif
 
 /* The pshufb pattern putting byte k of each 32-bit lane into both int16 halves of it. */
 AI __m256i kr2_pair_of_byte(int k) {
@@ -38,17 +41,20 @@ AI __m256 kr2_step(__m256 acc, float xd, __m256 d, __m256i isum, __m256 dmin, __
 
 AI __m256i kr2_bcast(const void *p) { return _mm256_set1_epi32(ld32(p)); }
 
-AI void tile2_q4k(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = PD_KR16_Q4K_BYTES;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), m2 = _mm256_set1_epi8(0x03);
     const __m256i w16 = _mm256_set1_epi32(0x00ff00ff);
-    const int hb = 32 * half;
-    __m256 acc[KR2_CMAX];
-#pragma GCC unroll 3
-    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc2[2][KR2_CMAX];
+#pragma GCC unroll 6
+    for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        for (size_t off = 0; off < rb; off += 128) _mm_prefetch(rec + 2 * rb + off + hb, _MM_HINT_T0);
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
+        const int hb = 32 * half;
+        __m256 *acc = acc2[half];
         const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb)),
                       s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + hb)),
                       s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
@@ -103,21 +109,25 @@ AI void tile2_q4k(int C, int nb, const char *w, int half, const char *x, size_t 
             }
             acc[c] = kr2_step(acc[c], xb[c]->d, dv, isum[c], dmv, msum, 1);
         }
+      }
     }
-#pragma GCC unroll 3
-    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
+#pragma GCC unroll 6
+    for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
 }
 
-AI void tile2_q6k(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = PD_KR16_Q6K_BYTES;
     const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
-    const int hb = 32 * half;
-    __m256 acc[KR2_CMAX];
-#pragma GCC unroll 3
-    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc2[2][KR2_CMAX];
+#pragma GCC unroll 6
+    for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        for (size_t off = 0; off < rb; off += 128) _mm_prefetch(rec + 2 * rb + off + hb, _MM_HINT_T0);
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
+        const int hb = 32 * half;
+        __m256 *acc = acc2[half];
         const pd_q8k *xb[KR2_CMAX];
         __m256i isum[KR2_CMAX];
 #pragma GCC unroll 3
@@ -172,14 +182,15 @@ AI void tile2_q6k(int C, int nb, const char *w, int half, const char *x, size_t 
             isum[c] = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
             acc[c] = kr2_step(acc[c], xb[c]->d, dv, isum[c], dv, isum[c], 0);
         }
+      }
     }
-#pragma GCC unroll 3
-    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
+#pragma GCC unroll 6
+    for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
 }
 
-AI void tile2_kr16(int RT, int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
-    if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, half, x, xs, y, ys);
-    else tile2_q6k(C, nb, w, half, x, xs, y, ys);
+AI void tile2_kr16(int RT, int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
+    if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, x, xs, y, ys);
+    else tile2_q6k(C, nb, w, x, xs, y, ys);
 }
 
 AI void matmul_kr16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
@@ -190,12 +201,11 @@ AI void matmul_kr16(int RT, int k, const void *w, size_t ws, int nrows, const vo
         for (int c = 0; c < ncols; c += KR2_CMAX) {
             const char *xc = (const char *)x + (size_t)c * xs;
             float *yc = y + (size_t)c * ys + r;
-            for (int half = 0; half < 2; half++)
-                switch (ncols - c >= KR2_CMAX ? KR2_CMAX : ncols - c) {
-                case 1: tile2_kr16(RT, 1, nb, g, half, xc, xs, yc, ys); break;
-                case 2: tile2_kr16(RT, 2, nb, g, half, xc, xs, yc, ys); break;
-                default: tile2_kr16(RT, 3, nb, g, half, xc, xs, yc, ys); break;
-                }
+            switch (ncols - c >= KR2_CMAX ? KR2_CMAX : ncols - c) {
+            case 1: tile2_kr16(RT, 1, nb, g, xc, xs, yc, ys); break;
+            case 2: tile2_kr16(RT, 2, nb, g, xc, xs, yc, ys); break;
+            default: tile2_kr16(RT, 3, nb, g, xc, xs, yc, ys); break;
+            }
         }
     }
 }
