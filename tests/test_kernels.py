@@ -411,8 +411,9 @@ def test_dequantize_row_model_tensor(smollm):
 THREAD_COUNTS = (1, 2, 3, 7)
 
 
+@pytest.mark.parametrize("model", ["smollm", "gemma"])
 @pytest.mark.parametrize("isa_name", ISAS)
-def test_forward_bit_identical_across_thread_counts(smollm_path, isa_name):
+def test_forward_bit_identical_across_thread_counts(request, model, isa_name):
     """Every output row of a matmul is computed by exactly one thread, with the same
     instructions in the same order whatever its neighbours in the tile (the kernels) and
     whichever thread takes it (core/forward.c hands out row chunks whose size depends on the matrix
@@ -422,6 +423,7 @@ def test_forward_bit_identical_across_thread_counts(smollm_path, isa_name):
 
     if not lib.pd_isa_supported(isa_name.encode()):
         pytest.skip(f"ISA {isa_name!r} is not compiled in or not supported by this CPU")
+    smollm_path = request.getfixturevalue(f"{model}_path")   # gemma: Q4_K/Q6_K (repacked), Q5_0, Q8_0
     prompt = [1, 504, 3158, 2365, 19, 260, 7890, 30]
     steps = [282, 6213, 28, 1177]                      # fed at positions 8..11
     runs = {}
@@ -813,3 +815,35 @@ print(len(llm.generate("Once upon a time", 4, temperature=0.8, top_p=0.9, seed=1
     free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert free.returncode == 0, free.stderr
     assert free.stdout.split()[:3] == [best, best, best]
+
+
+def test_kquant_model_repacks_and_releases_the_file_pages(gemma_path):
+    """Gemma 3 270M (Q4_K_M mix: Q4_K, Q6_K, Q5_0, Q8_0): where the table has the repacked
+    K-quant kernels every eligible Q4_K/Q6_K matrix is repacked, the file's pages under the
+    repacked tensors leave resident memory (madvise), and the logits agree with the file layout
+    (different kernels: within float tolerance; the same greedy token)."""
+    import pydecode
+
+    def mapped_rss(path):
+        rss, inside = 0, False
+        for line in open("/proc/self/smaps"):
+            if line[:1] in "0123456789abcdef" and " " in line and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+        return rss
+
+    prompt = [2, 818, 5279, 529, 7001, 563]
+    out = {}
+    for repack in (True, False):
+        with pydecode.Model(gemma_path, n_ctx=64, n_threads=2, repack=repack) as m:
+            logits = m.prefill(prompt).copy()
+            out[repack] = (logits, [t for _, t, _ in m.repacked], m.repacked_bytes, mapped_rss(gemma_path),
+                           lib.pd_kernel_has_repacked(m.isa.encode(), int(QT.Q4_K)))
+    (lt, types, nbytes, rss, has_k), (lf, none, _, _, _) = out[True], out[False]
+    assert none == []
+    if has_k:
+        assert "Q4_K" in types and "Q6_K" in types
+        assert rss <= gemma_path.stat().st_size - 0.8 * nbytes, (rss, nbytes)
+    assert int(np.argmax(lt)) == int(np.argmax(lf))
+    assert np.abs(lt - lf).max() <= 0.05 * np.abs(lf).max()

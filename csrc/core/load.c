@@ -121,8 +121,8 @@ void pd_model_free(pd_model *m) {
  * tensors split between threads at multiples of PD_R16_ROWS qualify: whole row groups, and
  * for Q, K and V (one phase over their concatenated rows) sizes that keep the groups aligned.
  * The embedding table is read a row at a time and keeps the file's layout; a head tied to it
- * gets its own repacked copy in the output slot (the file's pages of the table are then only
- * touched row by row). */
+ * gets its own repacked copy in the output slot (the file's pages of the table are released
+ * too: the lookups then fault back in only the rows of the tokens seen). */
 static size_t repack_size(const pd_kernels *K, const pd_tensor *t);
 
 /* The file's pages wholly inside [p, p + n) leave this process's resident memory (the kernels
@@ -180,7 +180,7 @@ static int repack_weights(pd_model *m) {
         if (!repack_slot_eligible(c, i)) continue;
         if (i == PD_OUTPUT && !t->data) {             /* tied head: a repacked copy of its own */
             pd_tensor head = m->g[PD_TOK_EMBD];
-            const int rc = repack_one(m, &head, i, 0);   /* the table itself is still read */
+            const int rc = repack_one(m, &head, i, 1);   /* the table's rows fault back in as looked up */
             if (rc < 0) return PD_ENOMEM;
             if (rc) *t = head;
         } else if (t->data && repack_one(m, t, i, 1) < 0) {
