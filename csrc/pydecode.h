@@ -50,6 +50,8 @@ typedef struct {
     int n_seq;               /* sequence slots in the KV cache (0 -> 1): sequences decoded together */
     int no_repack;           /* 1: every weight stays in the file's layout (zero-copy); 0: formats
                                 with a faster interleaved layout on this ISA are repacked at load */
+    uint64_t repack_skip;    /* bit t set: type t keeps the file's layout even where the table has a
+                                repacked kernel (the load-time choice of pydecode/variants.py) */
     int weights_mapped;      /* 1: the tensors are a read-only file mapping, so the pages of a
                                 repacked tensor may leave resident memory (madvise DONTNEED) */
 } pd_config;
@@ -116,6 +118,8 @@ int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w
                               const float *x, int ncols, float *y);
 /* 1 if isa's table has a kernel for type's repacked layout (so a load repacks it), else 0. */
 int pd_kernel_has_repacked(const char *isa, int type);
+int pd_repacked_type(int type);        /* the repacked layout's type id of a file type, -1: none */
+size_t pd_type_block_bytes(int type);  /* bytes per block of a type */
 int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                      const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */
 int pd_kernel_dequantize_row(int type, const void *w, float *y, int k);

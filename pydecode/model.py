@@ -172,6 +172,7 @@ class Model:
         self._isa_c = ffi.new("char[]", isa.encode()) if isa else ffi.NULL
         self.n_batch = n_batch
         self._cfg, self._tensors, names = self._c_args()
+        self.layouts = self._choose_layouts(isa)
         self._check_memory()
         if self.repack and (avail := available_memory()) is not None and \
                 self.memory_needed() + self.repack_bytes_at_most() > avail:
@@ -186,6 +187,23 @@ class Model:
         self.slots = SlotLedger(self.n_seq, ring_extra(self))   # who owns each KV slot, what it holds
         self._file_state = self.gguf.file_state()
         self._guard = lib.pd_guard_range(ffi.cast("void *", self._base_buf), len(self.gguf.data))
+
+    def _choose_layouts(self, isa: str | None) -> dict[str, str]:
+        """{format: 'repacked' | 'file'} where this CPU's table has both kernels of a format and
+        they agree bit for bit (pydecode/variants.py measures once per CPU); the formats that
+        keep the file's layout go to the C core as cfg.repack_skip."""
+        if not self.repack:
+            return {}
+        from .variants import choose
+        table = isa if isa and lib.pd_isa_supported(isa.encode()) else ffi.string(lib.pd_isa_best()).decode()
+        chosen = choose(table, {int(self._tensors[i].type) for i in range(len(self._tensors))
+                                if self._tensors[i].data != ffi.NULL})
+        skip = 0
+        for t, layout in chosen.items():
+            if layout == "file":
+                skip |= 1 << t
+        self._cfg.repack_skip = skip
+        return {ffi.string(lib.pd_type_name(t)).decode(): v for t, v in chosen.items()}
 
     def _cfg_with(self, **fields):
         cfg = ffi.new("pd_config *", self._cfg[0])

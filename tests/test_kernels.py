@@ -677,6 +677,21 @@ def test_kquants_repacked_bit_identical_to_the_scalar_file_kernels(isa, qtype, k
     assert y.tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avx512"])
+@pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
+def test_kquant_file_kernels_bit_identical_to_scalar(isa, qtype):
+    """Every x86 K-quant kernel on the file's layout sums each super-block's integers exactly and
+    then rounds the scalar table's float expression as written: the same bits as the scalar
+    kernel (and so as the repacked layouts' kernels: the load-time choice between the two
+    layouts never changes a logit). Odd row counts, tiles of 1..4 columns and remainders."""
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} is not supported by this CPU")
+    for nrows, k, ncols in [(5, 256, 1), (33, 512, 3), (48, 1536, 9), (7, 2048, 17)]:
+        wbytes, _ = weights(qtype, nrows, k)
+        x = acts(ncols, k)
+        assert matmul(isa, qtype, wbytes, nrows, k, x).tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
+
+
 @pytest.mark.parametrize("isa_name", ["avxvnni", "avx512"])
 @pytest.mark.parametrize("qtype", REPACKED_TYPES + KR16_TYPES, ids=lambda t: t.name)
 def test_repacked_bit_identical_in_any_tile(isa_name, qtype):

@@ -123,7 +123,7 @@ void pd_model_free(pd_model *m) {
  * The embedding table is read a row at a time and keeps the file's layout; a head tied to it
  * gets its own repacked copy in the output slot (the file's pages of the table are released
  * too: the lookups then fault back in only the rows of the tokens seen). */
-static size_t repack_size(const pd_kernels *K, const pd_tensor *t);
+static size_t repack_size(const pd_config *c, const pd_kernels *K, const pd_tensor *t);
 
 /* The file's pages wholly inside [p, p + n) leave this process's resident memory (the kernels
  * read the copy now; a later read would fault them back in from the file): resident memory does
@@ -136,7 +136,7 @@ static void release_file_pages(const void *p, size_t n) {
 
 static int repack_one(pd_model *m, pd_tensor *t, int slot_index, int release) {
     const int rt = pd_repacked_type(t->type);
-    const size_t bytes = repack_size(m->kt, t);
+    const size_t bytes = repack_size(&m->c, m->kt, t);
     if (!bytes) return 0;
     void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!buf) return -1;
@@ -162,9 +162,10 @@ static int repack_slot_eligible(const pd_config *c, int i) {
 }
 
 /* Whether tensor t would be repacked on table K (and its bytes then). */
-static size_t repack_size(const pd_kernels *K, const pd_tensor *t) {
+static size_t repack_size(const pd_config *c, const pd_kernels *K, const pd_tensor *t) {
     const int rt = pd_repacked_type(t->type);
     if (!t->data || rt < 0 || !K->matmul[rt] || t->ne1 % PD_R16_ROWS || t->ne1 > INT32_MAX) return 0;
+    if (t->type < 64 && (c->repack_skip >> t->type & 1)) return 0;
     return (size_t)t->ne1 * t->row_bytes;
 }
 
@@ -247,7 +248,7 @@ size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, in
     for (int i = 0; i < n_tensors; i++) {
         if (!repack_slot_eligible(cfg, i)) continue;
         const pd_tensor *t = i == PD_OUTPUT && !tensors[i].data ? &tensors[PD_TOK_EMBD] : &tensors[i];
-        total += repack_size(K, t);
+        total += repack_size(cfg, K, t);
     }
     return total;
 }

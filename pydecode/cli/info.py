@@ -50,5 +50,9 @@ def info(model, model_arg):
                 f"{len(m.repacked)} tensors repacked at load ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), "
                 f"{m.repacked_bytes / 1e6:.1f} MB beyond the mapped file (PYDECODE_REPACK=0: none)"
                 if m.repacked else "weights read in the file's layout (zero-copy)"))
+            if m.layouts:
+                click.echo("layouts         " + ", ".join(
+                    f"{k}: {'16-row repack' if v == 'repacked' else 'file layout'}" for k, v in m.layouts.items())
+                    + " (measured on this CPU once, ~/.cache/pydecode/variants.json)")
     except (PydecodeError, ValueError, OSError) as e:
         click.echo(f"on this CPU     cannot load: {e}")

@@ -127,7 +127,7 @@ AI __m256i fold(__m512i v) {
 AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs,
                float *y, size_t ys) {
     const size_t bb = kblk_bytes(T);
-    __m256 acc[KCMAX];   /* lanes 0..3: d-terms of rows 0..3, lanes 4..7: (-)min terms */
+    __m256 acc[KCMAX];   /* lanes 0..3: rows 0..3 (k_accumulate) */
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     pd_pf pf = pf_init(w, nb * bb, ws);

@@ -134,9 +134,11 @@ AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with 
          : T == T_Q6_K ? offsetof(pd_block_q6_k, d) : 0;
 }
 
-/* The end of a K-quant tile's super-block, the same for every x86 table: the R rows' integer
- * sums isum[c][r] (and min sums isum[c][4 + r]; rows past R zeroed here) scaled by d (and
- * -dmin) and dx, accumulated into acc[c] (lanes 0..3 rows, 4..7 their minima) ... */
+/* The end of a K-quant tile's super-block, the same for every x86 table: the R rows' exact
+ * integer sums isum[c][r] (and min sums isum[c][4 + r]; rows past R zeroed here), then per row
+ * the scalar table's float expression acc += dx * (d * isum - dmin * msum), rounded as written
+ * (no fma), so every x86 K-quant kernel is bit-identical to the scalar one, and to the repacked
+ * layouts' kernels (formats.h: PD_Q4_K_R16): which layout a load picks never changes a logit. */
 AI void k_accumulate(int T, int R, int C, const char *wb, size_t ws, __m256i isum[][8],
                      const pd_q8k *const *xb, __m256 *acc) {
 #pragma GCC unroll 4
@@ -146,30 +148,33 @@ AI void k_accumulate(int T, int R, int C, const char *wb, size_t ws, __m256i isu
     const __m128 d = load_h4(wb + k_d_off(T), ws, R);
     if (k_has_min(T)) {
         const __m128 dmin = load_h4(wb + k_d_off(T) + 2, ws, R);
-        const __m256 dd = _mm256_set_m128(_mm_xor_ps(dmin, _mm_set1_ps(-0.0f)), d);
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++)
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[c])),
-                                     _mm256_mul_ps(dd, _mm256_set1_ps(xb[c]->d)), acc[c]);
+        for (int c = 0; c < C; c++) {
+            const __m256 s = _mm256_cvtepi32_ps(reduce8(isum[c]));   /* lanes 0..3 isum, 4..7 msum */
+            const __m128 t = _mm_sub_ps(_mm_mul_ps(d, _mm256_castps256_ps128(s)),
+                                        _mm_mul_ps(dmin, _mm256_extractf128_ps(s, 1)));
+            acc[c] = _mm256_castps128_ps256(_mm_add_ps(_mm256_castps256_ps128(acc[c]),
+                                                       _mm_mul_ps(_mm_set1_ps(xb[c]->d), t)));
+        }
     } else {
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            const __m128 s = _mm_cvtepi32_ps(reduce4(isum[c]));
-            const __m128 a = _mm_fmadd_ps(s, _mm_mul_ps(d, _mm_set1_ps(xb[c]->d)),
-                                          _mm256_castps256_ps128(acc[c]));
-            acc[c] = _mm256_castps128_ps256(a);   /* upper half unused */
+            const __m128 t = _mm_mul_ps(d, _mm_cvtepi32_ps(reduce4(isum[c])));
+            acc[c] = _mm256_castps128_ps256(_mm_add_ps(_mm256_castps256_ps128(acc[c]),
+                                                       _mm_mul_ps(_mm_set1_ps(xb[c]->d), t)));
         }
     }
 }
 
-/* ... and after the last super-block, each row's value (plus its minimum term) into y. */
+/* ... and after the last super-block, each row's value into y. */
 AI void k_store(int T, int R, int C, const __m256 *acc, float *y, size_t ys) {
+    (void)T;
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) {
         float v[8];
         _mm256_storeu_ps(v, acc[c]);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[c * ys + r] = k_has_min(T) ? v[r] + v[4 + r] : v[r];
+        for (int r = 0; r < R; r++) y[c * ys + r] = v[r];
     }
 }
 
