@@ -9,12 +9,14 @@
 /* x.d * (d * isum - dmin * msum) rounds as written, as in scalar.c: no fused multiply-add. */
 #pragma GCC optimize("fp-contract=off")
 
-/* Row j's 6-bit stored Q6_K value n (0..63) of a file block (formats.h: pd_block_q6_k). */
-static int q6_raw(const pd_block_q6_k *b, int n) {
-    const int h = n / 128, g = (n % 128) / 32, l = n % 32;
-    const uint8_t ql = b->ql[64 * h + l + 32 * (g & 1)];
-    const int lo = g < 2 ? ql & 0xf : ql >> 4;
-    return lo | ((b->qh[32 * h + l] >> (2 * g)) & 3) << 4;
+/* A Q6_K file block's 256 6-bit stored values (0..63) in value order (formats.h: pd_block_q6_k). */
+static void q6_raw(const pd_block_q6_k *b, uint8_t q[256]) {
+    for (int h = 0; h < 2; h++)
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t ql = b->ql[64 * h + l + 32 * (g & 1)];
+                q[128 * h + 32 * g + l] = (uint8_t)((g < 2 ? ql & 0xf : ql >> 4) | ((b->qh[32 * h + l] >> (2 * g)) & 3) << 4);
+            }
 }
 
 static void repack_q4k(const pd_block_q4_k *const rows[16], uint8_t *out) {
@@ -31,10 +33,12 @@ static void repack_q4k(const pd_block_q4_k *const rows[16], uint8_t *out) {
 static void repack_q6k(const pd_block_q6_k *const rows[16], uint8_t *out) {
     for (int j = 0; j < PD_R16_ROWS; j++) {
         const pd_block_q6_k *b = rows[j];
+        uint8_t raw[256];
+        q6_raw(b, raw);
         for (int v = 0; v < 16; v++)
             for (int i = 0; i < 4; i++) {
                 int q[4];
-                for (int Q = 0; Q < 4; Q++) q[Q] = q6_raw(b, 64 * Q + 4 * v + i);
+                for (int Q = 0; Q < 4; Q++) q[Q] = raw[64 * Q + 4 * v + i];
                 uint8_t *r = out + 64 * 3 * v + 4 * j + i;
                 r[0] = (uint8_t)((q[0] & 15) | (q[0] >> 4) << 4 | (q[2] >> 4) << 6);
                 r[64] = (uint8_t)((q[1] & 15) | (q[1] >> 4) << 4 | (q[3] >> 4) << 6);
