@@ -4,6 +4,7 @@ on the same GGUF files, at each thread count (and optionally at a context depth)
     python bench/compare_llamacpp.py /tmp/llamabench/bin/llama-bench
     LLAMA_BENCH=/tmp/llamabench/bin/llama-bench python bench/compare_llamacpp.py -m smollm2-135m -t 1 2
     python bench/compare_llamacpp.py BIN -m smollm2-135m --depth 0 512 --rounds 4 --json out.json
+    python bench/compare_llamacpp.py BIN --avx2 BIN_AVX2 --synthetic /tmp/synth   # everything, two tables
 
 The llama-bench binary is one the user built (see bench/README.md); this script only runs it
 (`-m MODEL -t T -p 64 -n 128 -r REPS -o json [-d DEPTH]`) and reads its JSON.
@@ -176,12 +177,13 @@ def table(results, n_prompt, n_gen) -> str:
 
 
 def pool(files):
-    """The results of several --json files, samples of the same (model, threads, depth) pooled."""
+    """The results of several --json files, samples of the same (model, threads, depth, table:
+    native or AVX2 only) pooled."""
     merged = {}
     for fn in files:
         with open(fn) as f:
             for r in json.load(f)["results"]:
-                key = (r["model"], r["threads"], r["depth"])
+                key = (r["model"], r["threads"], r["depth"], r.get("table", "native"))
                 if key not in merged:
                     merged[key] = r
                 else:
@@ -204,6 +206,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per configuration")
     ap.add_argument("-d", "--depth", type=int, nargs="+", default=[0],
                     help="context depths (llama-bench -d); pydecode prefills that many tokens first")
+    ap.add_argument("--avx2", metavar="LLAMA_BENCH_AVX2",
+                    help="also compare AVX2 only: this llama-bench built -DGGML_AVX512=OFF against "
+                         "pydecode with PYDECODE_ISA=avx2 (a second table)")
+    ap.add_argument("--synthetic", metavar="DIR",
+                    help="add the synthetic laptop-size models (bench/synthetic.py: Llama-3.2-3B and, with "
+                         "--synthetic-8b, Llama-3.1-8B, Q4_K_M, real vocabulary), written to DIR once")
+    ap.add_argument("--synthetic-8b", action="store_true")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
     ap.add_argument("--tabulate", nargs="+", metavar="JSON",
                     help="run nothing: pool the samples of earlier --json files (same model, threads, "
@@ -226,29 +235,46 @@ def main():
                 print(f"skipping {name}: {e}", file=sys.stderr)
     else:
         paths = [resolve(x) for x in a.model]
+    if a.synthetic:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import synthetic
+        for shape in ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else []):
+            out = Path(a.synthetic) / f"{shape}-q4_k_m.gguf"
+            if not out.exists():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                synthetic.write(shape, "q4_k_m", out, vocab=128256)
+            paths.append(out)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
     log(f"llama-bench: {a.llama_bench} ({llama_bench_version(a.llama_bench)})")
     log(f"pydecode:    {Path(pydecode.__file__).parent}")
-    results = []
-    for path in paths:
-        for depth in a.depth:
-            for t in a.threads:
-                log(f"{path.name}  threads {t}  depth {depth}")
-                results.append(compare(a.llama_bench, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds,
-                                       depth, log))
-    info = results[0].get("llama_info", {}) if results else {}
-    print(f"llama.cpp build {info.get('build_commit')} ({info.get('build_number')}), "
-          f"backend {info.get('backends')}, flash_attn {info.get('flash_attn')}, "
-          f"kv {info.get('type_k')}/{info.get('type_v')}, repack {info.get('repack', info.get('no_repack'))}, "
-          f"cpu {info.get('cpu_info')}")
-    print(f"pydecode {Path(pydecode.__file__).parent} (kernels {results[0].get('isa') if results else '?'})"
-          f", kv {results[0].get('kv_type') if results else '?'}")
-    print(f"{a.rounds} interleaved rounds x {a.reps} repetitions per tool; ratio = pydecode / llama.cpp")
-    print()
-    print(table(results, a.n_prompt, a.n_gen))
+    runs = [("native", a.llama_bench, None)] + ([("AVX2 only", a.avx2, "avx2")] if a.avx2 else [])
+    all_results = {}
+    for label, binary, isa in runs:
+        if isa:
+            os.environ["PYDECODE_ISA"] = isa
+        results = []
+        for path in paths:
+            for depth in a.depth:
+                for t in a.threads:
+                    log(f"[{label}] {path.name}  threads {t}  depth {depth}")
+                    results.append(compare(binary, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds, depth, log))
+                    results[-1]["table"] = label
+        all_results[label] = results
+        info = results[0].get("llama_info", {}) if results else {}
+        print(f"## {label}: llama.cpp build {info.get('build_commit')} ({info.get('build_number')}), "
+              f"backend {info.get('backends')}, flash_attn {info.get('flash_attn')}, "
+              f"kv {info.get('type_k')}/{info.get('type_v')}, repack {info.get('repack', info.get('no_repack'))}, "
+              f"cpu {info.get('cpu_info')}")
+        print(f"pydecode {Path(pydecode.__file__).parent} (kernels {results[0].get('isa') if results else '?'})"
+              f", kv {results[0].get('kv_type') if results else '?'}")
+        print(f"{a.rounds} interleaved rounds x {a.reps} repetitions per tool; ratio = pydecode / llama.cpp")
+        print()
+        print(table(results, a.n_prompt, a.n_gen))
+        print()
+    results = [r for rs in all_results.values() for r in rs]
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "results": results}, f, indent=1, default=str)

@@ -38,7 +38,9 @@ ATTN_REL = 1e-5
 # Exact (bit for bit): quantize_q8 / quantize_q8k vs their numpy mirrors, dequantize_row vs
 # gguf.dequantize, f16<->f32 vs numpy (NaNs: both NaN, payload not compared).
 
-ISAS = ["scalar", "avx2", "avxvnni", "avx512"]
+# avxvnni_evex: the AVX-VNNI table's source with its VEX dots as EVEX ones (x86/avxvnni_evex.c),
+# so its logic runs on AVX-512 VNNI hosts that lack AVX-VNNI
+ISAS = ["scalar", "avx2", "avxvnni", "avxvnni_evex", "avx512"]
 SIMD_ISAS = ISAS[1:]
 K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0] + K_TYPES
@@ -618,7 +620,7 @@ def test_type_names():
 
 # ---------------------------------------------------------------- repacked layouts (built at load)
 
-REPACKED_ISAS = ["scalar", "avxvnni", "avx512"]   # scalar: the plain-C twin
+REPACKED_ISAS = ["scalar", "avxvnni", "avxvnni_evex", "avx512"]   # scalar: the plain-C twin
 
 
 def matmul_repacked(isa_name, qtype, wbytes, nrows, k, x):
@@ -677,7 +679,7 @@ def test_kquants_repacked_bit_identical_to_the_scalar_file_kernels(isa, qtype, k
     assert y.tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avxvnni_evex", "avx512"])
 @pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
 def test_kquant_file_kernels_bit_identical_to_scalar(isa, qtype):
     """Every x86 K-quant kernel on the file's layout sums each super-block's integers exactly and
@@ -692,7 +694,7 @@ def test_kquant_file_kernels_bit_identical_to_scalar(isa, qtype):
         assert matmul(isa, qtype, wbytes, nrows, k, x).tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
 
 
-@pytest.mark.parametrize("isa_name", ["avxvnni", "avx512"])
+@pytest.mark.parametrize("isa_name", ["avxvnni", "avxvnni_evex", "avx512"])
 @pytest.mark.parametrize("qtype", REPACKED_TYPES + KR16_TYPES, ids=lambda t: t.name)
 def test_repacked_bit_identical_in_any_tile(isa_name, qtype):
     """A repacked row group's results do not depend on the columns computed with it (tiles of

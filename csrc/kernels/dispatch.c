@@ -54,6 +54,9 @@ static const pd_kernels *by_name(const char *name) {
 #if defined(PD_HAVE_AVX512)
     if (strcmp(name, "avx512") == 0) return cpu_has_avx512() ? &pd_kernels_avx512 : NULL;
 #endif
+#if defined(PD_HAVE_AVXVNNI_EVEX)   /* the AVX-VNNI table's logic on AVX-512 VNNI: tests, never the best */
+    if (strcmp(name, "avxvnni_evex") == 0) return cpu_has_avx512() ? &pd_kernels_avxvnni_evex : NULL;
+#endif
     return NULL;
 }
 

@@ -63,6 +63,9 @@ extern const pd_kernels pd_kernels_avx512;    /* AVX-512 F/BW/VL/DQ + AVX512-VNN
 #if defined(PD_HAVE_AVXVNNI)
 extern const pd_kernels pd_kernels_avxvnni;   /* AVX2 + AVX-VNNI (256-bit VEX), no AVX-512 */
 #endif
+#if defined(PD_HAVE_AVXVNNI_EVEX)
+extern const pd_kernels pd_kernels_avxvnni_evex;   /* the same, EVEX-encoded: tests only */
+#endif
 
 /* The table `forced` names, else the one $PYDECODE_ISA names, else the best this CPU supports;
  * NULL if the named one is unknown or unsupported here. */

@@ -16,8 +16,18 @@
  * Tiling, prefetch and reductions as in kernels/x86/avx2.c; each row's result is computed the same
  * way whatever tile it falls in.
  */
-#if defined(__AVXVNNI__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if (defined(__AVXVNNI__) || (defined(PD_AVXVNNI_EVEX) && defined(__AVX512VNNI__) && defined(__AVX512VL__))) && \
+    defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/kernels.h"
+#if defined(PD_AVXVNNI_EVEX)   /* x86/avxvnni_evex.c: the same logic, EVEX encodings */
+#define _mm256_dpbusd_avx_epi32 _mm256_dpbusd_epi32
+#define _mm256_dpwssd_avx_epi32 _mm256_dpwssd_epi32
+#define PD_AVXVNNI_TABLE pd_kernels_avxvnni_evex
+#define PD_AVXVNNI_NAME "avxvnni_evex"
+#else
+#define PD_AVXVNNI_TABLE pd_kernels_avxvnni
+#define PD_AVXVNNI_NAME "avxvnni"
+#endif
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -219,6 +229,6 @@ PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (kernel
 
 /* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
  * nothing from VNNI (the header), nor do the sampler's passes. */
-const pd_kernels pd_kernels_avxvnni = PD_TABLE_OVER_AVX2("avxvnni", PD_BLOCK_MATMULS_OWN,
+const pd_kernels PD_AVXVNNI_TABLE = PD_TABLE_OVER_AVX2(PD_AVXVNNI_NAME, PD_BLOCK_MATMULS_OWN,
     .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
 #endif
