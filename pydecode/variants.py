@@ -84,11 +84,13 @@ def measure(isa: str, qtype: int) -> str:
 
 def choose(isa: str, types) -> dict[int, str]:
     """{type: 'repacked' | 'file'} for the chosen formats among types that isa's table can repack."""
+    forced = os.environ.get("PYDECODE_LAYOUT", "")
+    if forced not in ("", "file", "repacked"):
+        raise ValueError(f"PYDECODE_LAYOUT must be 'file' or 'repacked' (or unset), got {forced!r}")
     todo = [t for t in sorted(set(types)) if t in CHOSEN and lib.pd_kernel_has_repacked(isa.encode(), t)]
     if not todo:
         return {}
-    forced = os.environ.get("PYDECODE_LAYOUT", "")
-    if forced in ("file", "repacked"):            # every chosen format, no measurement
+    if forced:                                    # every chosen format, no measurement
         return {t: forced for t in todo}
     key = f"{cpu_model()} | {isa} | {_build_id()}"
     path = _cache_file()

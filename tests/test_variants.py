@@ -54,3 +54,9 @@ def test_choice_measured_once_and_remembered(gemma_path, tmp_path, monkeypatch):
 def test_repack_off_chooses_nothing(gemma_path):
     with pydecode.Model(gemma_path, n_ctx=32, repack=False) as m:
         assert m.layouts == {} and m.repacked == []
+
+
+def test_bad_layout_setting_is_named(gemma_path, monkeypatch):
+    monkeypatch.setenv("PYDECODE_LAYOUT", "fast")
+    with pytest.raises(ValueError, match="PYDECODE_LAYOUT"):
+        pydecode.Model(gemma_path, n_ctx=32)
