@@ -200,6 +200,29 @@ PD_Q_MATMULS   /* matmul_q4_0 .. matmul_q8_0 over tile_q (tiles.h) */
 /* Q4_K and Q6_K repacked by 16 rows (formats.h: PD_Q4_K_R16, PD_Q6_K_R16). */
 #define KR_KDOT PD_KDOT
 #include "kernels/x86/kr16_256.h"
+/* The legacy formats repacked by 16 rows (kernels/x86/r16_256.h): the 4-byte dots by vpmaddubsw +
+ * vpmaddwd (exact: nibble quants <= 31), Q8_0's by the sign trick on w = u ^ 0x80 plus 128 * sum(a). */
+AI __m256i r16_dot_avx2(__m256i acc, __m256i u, const int8_t *p) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_set1_epi32(ld32(p))),
+                                                   _mm256_set1_epi16(1)));
+}
+AI __m256i r16_dot_q8_avx2(__m256i acc, __m256i u, const int8_t *p) {
+    const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80)), a = _mm256_set1_epi32(ld32(p));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)),
+                                                   _mm256_set1_epi16(1)));
+}
+AI __m256i r16_q8_seed_avx2(const pd_q8 *xb) {   /* 128 * the block's sum of activations */
+    const __m256i a = _mm256_loadu_si256((const __m256i *)xb->qs);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m128i t = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm256_slli_epi32(_mm256_broadcastd_epi32(t), 7);
+}
+#define R16_DOT r16_dot_avx2
+#define R16_DOT_Q8 r16_dot_q8_avx2
+#define R16_Q8_SEED r16_q8_seed_avx2
+#include "kernels/x86/r16_256.h"
 
 /* ---------------------------------------------------------------- float formats x float */
 
@@ -419,7 +442,9 @@ static int collect_above(const float *x, int n, float t, int32_t *out) {
 }
 
 const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2", .matmul[PD_Q4_K_R16] = matmul_q4_k_r16,
-                                                   .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
+    .matmul[PD_Q6_K_R16] = matmul_q6_k_r16, .matmul[PD_Q4_0_R16] = matmul_q4_0_r16,
+    .matmul[PD_Q4_1_R16] = matmul_q4_1_r16, .matmul[PD_Q5_0_R16] = matmul_q5_0_r16,
+    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16);
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels/x86/avxvnni.c, kernels/x86/avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */
