@@ -109,13 +109,8 @@ AI void tile_q4k(int C, int nb, const char *w, const char *x, size_t xs, float *
         const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 2080)));
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            const int16_t *bs = xb[c]->bsums;
             int32_t bp[4];
-            for (int i = 0; i < 4; i++) {
-                const int s = (i & 1) + 4 * (i >> 1);        /* pairs (0,2) (1,3) (4,6) (5,7) */
-                const int lo = bs[2 * s] + bs[2 * s + 1], hi = bs[2 * s + 4] + bs[2 * s + 5];
-                bp[i] = (int32_t)(((uint32_t)(uint16_t)lo) | ((uint32_t)(uint16_t)hi << 16));
-            }
+            kr16_min_pairs(xb[c]->bsums, bp);
             __m512i msum = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) KR_DPWSSD(msum, mp[i], bp + i);

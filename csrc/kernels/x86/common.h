@@ -178,6 +178,17 @@ AI void k_store(int T, int R, int C, const __m256 *acc, float *y, size_t ys) {
     }
 }
 
+/* The int16 pairs of a column's 32-value activation sums B_s = bsums[2s] + bsums[2s+1] that the
+ * Q4_K 16-row kernels (x86/avx512_kr16.c, x86/kr16_256.h) multiply with the minima pairs
+ * (m0, m2), (m1, m3), (m4, m6), (m5, m7) of each lane: bp[i] = B_a | B_b << 16. */
+AI void kr16_min_pairs(const int16_t *bs, int32_t bp[4]) {
+    for (int i = 0; i < 4; i++) {
+        const int s = (i & 1) + 4 * (i >> 1);        /* pairs (0,2) (1,3) (4,6) (5,7) */
+        const int lo = bs[2 * s] + bs[2 * s + 1], hi = bs[2 * s + 4] + bs[2 * s + 5];
+        bp[i] = (int32_t)(((uint32_t)(uint16_t)lo) | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
 /* v holds 8 int16 scales, the same in both 128-bit halves: lanes 0..7 <- v[ia], 8..15 <- v[ib]
  * (the scales of the two 16-value halves of a chunk; ia == ib for Q4_K/Q5_K's 32-value ones). */
 AI __m256i bcast16(__m256i v, int ia, int ib) {

@@ -98,15 +98,11 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
         const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * half)));
 #pragma GCC unroll 3
         for (int c = 0; c < C; c++) {
-            const int16_t *bs = xb[c]->bsums;
+            int32_t bp[4];
+            kr16_min_pairs(xb[c]->bsums, bp);
             __m256i msum = _mm256_setzero_si256();
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                const int s = (i & 1) + 4 * (i >> 1);        /* pairs (0,2) (1,3) (4,6) (5,7) */
-                const int lo = bs[2 * s] + bs[2 * s + 1], hi = bs[2 * s + 4] + bs[2 * s + 5];
-                const int32_t bp = (int32_t)(((uint32_t)(uint16_t)lo) | ((uint32_t)(uint16_t)hi << 16));
-                msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp));
-            }
+            for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
             acc[c] = kr2_step(acc[c], xb[c]->d, dv, isum[c], dmv, msum, 1);
         }
       }
