@@ -195,7 +195,7 @@ class Model:
         if not self.repack:
             return {}
         from .variants import choose
-        table = isa if isa and lib.pd_isa_supported(isa.encode()) else ffi.string(lib.pd_isa_best()).decode()
+        table = isa or ffi.string(lib.pd_isa_best()).decode()   # the table pd_model_new will take
         chosen = choose(table, {int(self._tensors[i].type) for i in range(len(self._tensors))
                                 if self._tensors[i].data != ffi.NULL})
         skip = 0

@@ -45,8 +45,8 @@ def cpu_model() -> str:
 
 
 def _cache_file() -> Path:
-    home = os.environ.get("PYDECODE_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "pydecode") / "variants.json"
+    from .registry import models_dir
+    return models_dir().parent / "variants.json"   # beside the models: $PYDECODE_HOME or ~/.cache/pydecode
 
 
 def _build_id() -> str:
