@@ -2,11 +2,14 @@
 same matrix against a block of columns (prefill), for each kernel table on this machine.
 
     python bench/bench_kernels.py [--rows 4096] [--k 4096] [--types Q4_1,Q4_K] [--ncols 1,16]
+                                  [--layout file|repacked]
 
 One 4096 x 4096 matrix (10.5 MB Q4_1, 17.8 MB Q8_0, 9.4 MB Q4_K, 13.8 MB Q6_K) fits a large L3, so two numbers are shown:
 "cold" cycles through enough copies (>= 256 MB) that every call streams its weights from DRAM,
 as decode does for a real model; "hot" repeats one matrix (L3-resident when it fits). Prefill
-(ncols > 1) numbers count each weight byte once per call.
+(ncols > 1) numbers count each weight byte once per call. --layout repacked times the 16-row
+interleaved kernels the loader uses where a table has them (pd_repack of the same rows), as
+numpy's 4 KiB pages (the loader's copies are huge-page memory: core/hugemem.c).
 """
 import argparse
 import time
@@ -43,6 +46,17 @@ def random_weights(qtype, rows, k, rng):
     return np.ascontiguousarray(w)
 
 
+def repacked(qtype, w, rows, k):
+    """(type id, bytes) of w in qtype's 16-row layout (None where there is none)."""
+    rt = lib.pd_repacked_type(int(qtype))
+    if rt < 0:
+        return None
+    out = np.empty_like(w)
+    if lib.pd_repack(int(qtype), ffi.from_buffer(w), w.shape[1], rows, k, ffi.from_buffer(out)) != 0:
+        return None
+    return rt, out
+
+
 def bench(isa, qtype, ws, rows, k, ncols, min_time=0.5):
     """Seconds per call (a list), cycling through the weight copies ws."""
     x = np.random.default_rng(1).standard_normal((ncols, k)).astype(np.float32)
@@ -68,6 +82,7 @@ def main():
     ap.add_argument("--types", default="Q4_1,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--ncols", default="1")
     ap.add_argument("--isas", default="scalar,avx2,avxvnni,avx512")
+    ap.add_argument("--layout", choices=("file", "repacked"), default="file")
     ap.add_argument("--rounds", type=int, default=3,
                     help="the ISAs take turns this many times (others' load hits all alike)")
     args = ap.parse_args()
@@ -83,16 +98,23 @@ def main():
     for name in args.types.split(","):
         qtype = QT[name]
         w = random_weights(qtype, args.rows, args.k, rng)
+        if args.layout == "repacked":
+            r = repacked(qtype, w, args.rows, args.k)
+            if r is None:
+                print(f"{name}: no repacked layout")
+                continue
+            qtype, w = r
         cold = [w] + [w.copy() for _ in range(-(-(256 << 20) // w.nbytes) - 1)]
         for ncols in map(int, args.ncols.split(",")):
             row = {}
+            run = [i for i in isas if args.layout == "file" or lib.pd_kernel_has_repacked(i.encode(), int(QT[name]))]
             for label, ws in (("cold", cold), ("hot", [w])):
-                times = {isa: [] for isa in isas}
+                times = {isa: [] for isa in run}
                 for _ in range(args.rounds):
-                    for isa in isas:
+                    for isa in run:
                         times[isa] += bench(isa, qtype, ws, args.rows, args.k, ncols,
                                             min_time=0.5 / args.rounds)
-                for isa in isas:
+                for isa in run:
                     best, med = min(times[isa]), float(np.median(times[isa]))
                     row[label, isa] = w.nbytes / best / 1e9
                     print(f"{name:5s} ncols={ncols:<3d} {isa:7s} {label:4s} {best * 1e3:8.3f} ms "
@@ -103,7 +125,7 @@ def main():
     head = " ".join(f"{isa:>8s}" for isa in isas)
     print(f"{'type':5s} {'ncols':>5s}  cold: {head}   hot: {head}")
     for name, ncols, row in table:
-        cells = [" ".join(f"{row[label, isa]:8.2f}" for isa in isas) for label in ("cold", "hot")]
+        cells = [" ".join(f"{row[label, isa]:8.2f}" if (label, isa) in row else f"{'-':>8s}" for isa in isas) for label in ("cold", "hot")]
         print(f"{name:5s} {ncols:5d}        {cells[0]}        {cells[1]}")
 
 

@@ -119,6 +119,9 @@ int pd_kernel_matmul_repacked(const char *isa, int type, const void *w, size_t w
 /* 1 if isa's table has a kernel for type's repacked layout (so a load repacks it), else 0. */
 int pd_kernel_has_repacked(const char *isa, int type);
 int pd_repacked_type(int type);        /* the repacked layout's type id of a file type, -1: none */
+/* The repacking of nrows (a multiple of 16) rows of k values (row stride src_stride) into
+ * pd_repacked_type(type)'s layout at dst (as many bytes as the rows); 0 on success. */
+int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst);
 size_t pd_type_block_bytes(int type);  /* bytes per block of a type */
 int pd_kernel_matmul(const char *isa, int type, const void *w, size_t w_stride, int nrows, int k,
                      const float *x, int ncols, float *y);   /* x: ncols x k floats; y: ncols x nrows */

@@ -2,6 +2,7 @@
  * faster layout for them, the KV cache and scratch allocated once; and the model's facts
  * (errors, sizes, KV capacity, what was repacked). */
 #include "core/model.h"
+#include "core/hugemem.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -111,8 +112,8 @@ void pd_model_free(pd_model *m) {
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
     free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
     free(m->summ); free(m->summ_cmax); free(m->summ_csum);
-    for (int i = 0; i < m->n_repacked; i++) free(m->repacked[i]);
-    free(m->repacked); free(m->repacked_slot); free(m->local_layers);
+    for (int i = 0; i < m->n_repacked; i++) pd_huge_free(m->repacked[i], m->repacked_size[i]);
+    free(m->repacked); free(m->repacked_size); free(m->repacked_slot); free(m->local_layers);
     free(m);
 }
 
@@ -138,11 +139,12 @@ static int repack_one(pd_model *m, pd_tensor *t, int slot_index, int release) {
     const int rt = pd_repacked_type(t->type);
     const size_t bytes = repack_size(&m->c, m->kt, t);
     if (!bytes) return 0;
-    void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *buf = pd_huge_alloc(bytes);
     if (!buf) return -1;
-    if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { free(buf); return 0; }
+    if (pd_repack(t->type, t->data, t->row_bytes, (int)t->ne1, (int)t->ne0, buf)) { pd_huge_free(buf, bytes); return 0; }
     if (release && m->c.weights_mapped) release_file_pages(t->data, bytes);
     m->repacked[m->n_repacked] = buf;
+    m->repacked_size[m->n_repacked] = bytes;
     m->repacked_slot[m->n_repacked++] = slot_index;
     m->repacked_bytes += bytes;
     t->type = rt;
@@ -173,8 +175,9 @@ static int repack_weights(pd_model *m) {
     const pd_config *c = &m->c;
     const int n_slots = PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS;
     m->repacked = calloc((size_t)n_slots, sizeof(void *));
+    m->repacked_size = calloc((size_t)n_slots, sizeof(size_t));
     m->repacked_slot = calloc((size_t)n_slots, sizeof(int));
-    if (!m->repacked || !m->repacked_slot) return PD_ENOMEM;
+    if (!m->repacked || !m->repacked_size || !m->repacked_slot) return PD_ENOMEM;
     if (c->no_repack) return PD_OK;
     for (int i = 0; i < n_slots; i++) {
         pd_tensor *t = i < PD_GLOBAL_SLOTS ? &m->g[i] : &m->lt[i - PD_GLOBAL_SLOTS];

@@ -52,8 +52,10 @@ struct pd_model {
     void *step;         /* the current step_ctx: lives here, not on a stack, so a lagging worker
                            never reads freed memory */
     _Atomic uint32_t step_seq;  /* seqlock over *step: odd while the main thread rewrites it */
-    /* Weights repacked at load (repack_weights): their buffers and tensor slots. */
+    /* Weights repacked at load (repack_weights): their buffers (core/hugemem.h), sizes and
+     * tensor slots. */
     void **repacked;
+    size_t *repacked_size;
     int *repacked_slot, n_repacked;
     size_t repacked_bytes;
     uint8_t *local_layers;     /* the model's copy of cfg->local_layers (c.local_layers points here) */
