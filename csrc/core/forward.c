@@ -150,7 +150,7 @@ static void residual_rows(pd_model *m, int n, int r0, int r1) {
 /* A matmul whose output goes into the residual stream: x += W @ xn, or, with a post-norm (gemma),
  * x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
 static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *post_norm, int n) {
-    int d = m->c.n_embd, ch = pd_chunk_rows(d), nc = N_CHUNKS(d, ch);
+    int d = m->c.n_embd, ch = pd_chunk_rows(d, wt->row_bytes), nc = N_CHUNKS(d, ch);
     FOR_CHUNKS(w, nc, c) {
         int r0 = c * ch, r1 = r0 + ch < d ? r0 + ch : d;
         matmul_rows(m, wt, r0, r1, n, m->tmp, d);
@@ -179,7 +179,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_ATTN_NORM), d, n)) return -1;
 
     /* 2. Q, K, V in one phase over the concatenated rows (they share the input) */
-    int rows = qd + 2 * kvd, ch = pd_chunk_rows(rows), nc = N_CHUNKS(rows, ch);
+    int rows = qd + 2 * kvd, ch = pd_chunk_rows(rows, pd_layer_tensor(m, l, PD_WQ)->row_bytes), nc = N_CHUNKS(rows, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < rows ? r0 + ch : rows;
         const pd_tensor *t[3] = { pd_layer_tensor(m, l, PD_WQ), pd_layer_tensor(m, l, PD_WK), pd_layer_tensor(m, l, PD_WV) };
@@ -233,7 +233,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
 
     /* 6. FFN: norm; gate and up in one phase (same rows -> the activation is fused); down */
     if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_FFN_NORM), d, n)) return -1;
-    ch = pd_chunk_rows(nff);
+    ch = pd_chunk_rows(nff, pd_layer_tensor(m, l, PD_GATE)->row_bytes + pd_layer_tensor(m, l, PD_UP)->row_bytes);
     nc = N_CHUNKS(nff, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < nff ? r0 + ch : nff;
@@ -281,8 +281,8 @@ static int forward(pd_worker *w, step_ctx *s) {
         quantize_row(m, t, d);
     }
     END_PHASE(w, n_out);
-    const pd_tensor *out = m->g[PD_OUTPUT].data ? &m->g[PD_OUTPUT] : &m->g[PD_TOK_EMBD];
-    int ch = pd_chunk_rows(c->n_vocab), nc = N_CHUNKS(c->n_vocab, ch);
+    const pd_tensor *out = pd_head(m);
+    int ch = pd_chunk_rows(c->n_vocab, out->row_bytes), nc = N_CHUNKS(c->n_vocab, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < c->n_vocab ? r0 + ch : c->n_vocab;
         matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);

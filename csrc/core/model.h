@@ -89,6 +89,10 @@ int pd_set_err(char *buf, int len, const char *fmt, ...);
 static inline const pd_tensor *pd_layer_tensor(const pd_model *m, int l, int slot) {
     return &m->lt[(size_t)l * PD_LAYER_SLOTS + slot];
 }
+/* The output head: output.weight, or the embedding table it is tied to. */
+static inline const pd_tensor *pd_head(const pd_model *m) {
+    return m->g[PD_OUTPUT].data ? &m->g[PD_OUTPUT] : &m->g[PD_TOK_EMBD];
+}
 
 /* A sliding-window (local) layer, as the config says (the rule is Python's: ArchConfig.layer_is_local).
  * Its cache is a ring (load.c: kv capacity). */
@@ -96,11 +100,18 @@ static inline int pd_layer_is_local(const pd_config *c, int l) {
     return c->sliding_window > 0 && c->local_layers && c->local_layers[l];
 }
 
-/* Rows per chunk of a phase over a matrix of `rows` rows. They depend on the matrix only (never
- * on the thread count), so every row is computed the same way whatever the threads: results
- * are identical across thread counts. */
-static inline int pd_chunk_rows(int rows) {
+/* Rows per chunk of a phase over a matrix of `rows` rows of row_bytes weight bytes each: about
+ * 64 chunks (enough to balance 16 threads and absorb one descheduled), but no fewer than
+ * PD_CHUNK_MIN_BYTES of weights, as each chunk costs a claim on a shared counter (a cache-line
+ * transfer between cores): SmolLM2's 576 x 576 matrices in 36 chunks of 5.8 KB spent as long
+ * claiming as computing, and ran slower on 2 threads than on 1. They depend on the matrix only
+ * (never on the thread count), so every row is computed the same way whatever the threads:
+ * results are identical across thread counts. */
+#define PD_CHUNK_MIN_BYTES (32 << 10)
+static inline int pd_chunk_rows(int rows, size_t row_bytes) {
     int c = (rows / 64 + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    const size_t min_rows = row_bytes ? (PD_CHUNK_MIN_BYTES + row_bytes - 1) / row_bytes : 0;
+    if ((size_t)c < min_rows) c = (int)((min_rows + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN);
     return c < 16 ? 16 : (c > 1024 ? 1024 : c);
 }
 #define N_CHUNKS(rows, ch) (((rows) + (ch) - 1) / (ch))

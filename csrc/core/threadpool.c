@@ -161,16 +161,18 @@ int pd_chunk(pd_worker *w, int n_chunks) {
     pd_phase *ph = &w->phases[w->idx];
     uint64_t cur = atomic_load_explicit(&ph->next, memory_order_relaxed);
     for (;;) {
-        if ((uint32_t)(cur >> 32) != w->epoch || (int)(uint32_t)cur >= n_chunks) return -1;
+        if ((uint32_t)(cur >> 32) != w->epoch || (int)(uint32_t)cur >= n_chunks) {
+            if (w->pending) atomic_fetch_add_explicit(&ph->done, (uint64_t)w->pending, memory_order_release);
+            w->pending = 0;
+            return -1;
+        }
         if (atomic_compare_exchange_weak_explicit(&ph->next, &cur, cur + 1, memory_order_acq_rel,
                                                   memory_order_relaxed))
             return (int)(uint32_t)cur;
     }
 }
 
-void pd_chunk_done(pd_worker *w) {
-    atomic_fetch_add_explicit(&w->phases[w->idx].done, 1, memory_order_release);
-}
+void pd_chunk_done(pd_worker *w) { w->pending++; }
 
 int pd_phase_end(pd_worker *w, int n_chunks) {
     pd_phase *ph = &w->phases[w->idx++];

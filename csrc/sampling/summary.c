@@ -108,7 +108,7 @@ int pd_model_set_summary(pd_model *m, float inv_t) {
     if (!m) return PD_EINVAL;
     if (!(inv_t >= 0.0f) || isinf(inv_t)) return pd_set_err(m->err, sizeof m->err, "summary inv_t must be finite and >= 0");
     if (inv_t > 0 && !m->summ) {
-        const int ch = pd_chunk_rows(m->c.n_vocab);
+        const int ch = pd_chunk_rows(m->c.n_vocab, pd_head(m)->row_bytes);
         if (ch > PD_SUMM_CHUNK) return pd_set_err(m->err, sizeof m->err, "head chunks exceed the summary's");
         m->summ_chunks = N_CHUNKS(m->c.n_vocab, ch);
         m->summ = aligned_alloc(64, ((size_t)m->c.n_threads * sizeof(pd_summ_list) + 63) / 64 * 64);
