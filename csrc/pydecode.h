@@ -79,6 +79,11 @@ size_t pd_model_kv_bytes(const pd_model *m);
 int pd_model_kv_cap(const pd_model *m, int layer);
 int pd_model_kv_elem_bytes(const pd_model *m);
 int pd_model_n_seq(const pd_model *m);
+/* Threads that run a step of one token (a single-sequence decode): 1..n_threads, 0 for all (the
+ * default). Bigger steps always use every thread. A model too small to gain from every core
+ * decodes faster on fewer (pydecode/threadcount.py measures it); results do not change. Not
+ * during a step. */
+int pd_model_set_decode_threads(pd_model *m, int n);
 /* Grows the KV cache to n_seq sequence slots, keeping the existing slots' contents (not during
  * a step); PD_OK, or an error with the model unchanged for use. */
 int pd_model_grow_seq(pd_model *m, int n_seq);

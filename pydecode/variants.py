@@ -30,7 +30,7 @@ log = logging.getLogger("pydecode")
 
 CHOSEN = (10, 11, 12, 13, 14)    # Q2_K .. Q6_K (GGML type ids): layouts with bit-identical kernels
 ROWS, K = 512, 4096              # 1.2 MB of Q4_K: a few ms per kernel, resident in L2/L3
-_memo: dict[str, dict[str, str]] = {}
+_memo: dict[str, object] = {}     # the cache file's entries read or written by this process
 
 
 def cpu_model() -> str:
@@ -82,6 +82,36 @@ def measure(isa: str, qtype: int) -> str:
     return "repacked" if min(t_rep) < min(t_file) else "file"
 
 
+def cache_get(key: str):
+    """What the cache file holds for key on this CPU model and build of the C core (None)."""
+    full = f"{cpu_model()} | {key} | {_build_id()}"
+    if full not in _memo:
+        try:
+            data = json.loads(_cache_file().read_text())
+            _memo[full] = data.get(full) if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            _memo[full] = None
+    return _memo[full]
+
+
+def cache_put(key: str, value) -> None:
+    """Stores value for key on this CPU model and build (atomically; a failure is only logged)."""
+    full = f"{cpu_model()} | {key} | {_build_id()}"
+    _memo[full] = value
+    path = _cache_file()
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+        data[full] = value
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:
+        log.debug("could not store %r in %s: %s", key, path, e)
+
+
 def choose(isa: str, types) -> dict[int, str]:
     """{type: 'repacked' | 'file'} for the chosen formats among types that isa's table can repack."""
     forced = os.environ.get("PYDECODE_LAYOUT", "")
@@ -92,31 +122,15 @@ def choose(isa: str, types) -> dict[int, str]:
         return {}
     if forced:                                    # every chosen format, no measurement
         return {t: forced for t in todo}
-    key = f"{cpu_model()} | {isa} | {_build_id()}"
-    path = _cache_file()
-    if key not in _memo:
-        try:
-            _memo[key] = json.loads(path.read_text()).get(key, {})
-        except (OSError, ValueError, AttributeError):
-            _memo[key] = {}
-    known = _memo[key]
+    known = cache_get(isa)
+    known = dict(known) if isinstance(known, dict) else {}
     names = {t: ffi.string(lib.pd_type_name(t)).decode() for t in todo}
-    missing = [t for t in todo if names[t] not in known]
+    missing = [t for t in todo if known.get(names[t]) not in ("file", "repacked")]
     if missing:
         t0 = time.perf_counter()
         for t in missing:
             known[names[t]] = measure(isa, t)
         log.info("weight layouts measured on %s (%s table) in %.0f ms: %s", cpu_model(), isa,
                  1e3 * (time.perf_counter() - t0), ", ".join(f"{names[t]} {known[names[t]]}" for t in missing))
-        try:
-            data = json.loads(path.read_text()) if path.exists() else {}
-            if not isinstance(data, dict):
-                data = {}
-            data[key] = known
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except (OSError, ValueError) as e:
-            log.debug("could not store the layout choice in %s: %s", path, e)
+        cache_put(isa, known)
     return {t: known[names[t]] for t in todo}

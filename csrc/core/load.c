@@ -343,6 +343,14 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
 
+int pd_model_set_decode_threads(pd_model *m, int n) {
+    if (!m) return PD_EINVAL;
+    if (n < 0 || n > m->c.n_threads)
+        return pd_set_err(m->err, sizeof m->err, "decode threads %d outside 0..%d", n, m->c.n_threads);
+    m->decode_threads = n;
+    return PD_OK;
+}
+
 /* More sequence slots: each layer's cache [n_seq][cap][kvd] grows at its end, so the slots it
  * had keep their contents in place (realloc; the new slots' rows are written before any read).
  * Not during a step. On failure the model is unchanged for use (some layers may have room to

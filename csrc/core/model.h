@@ -21,6 +21,7 @@ struct pd_model {
     pd_config c;
     const pd_kernels *kt;        /* the kernel table (kernels/kernels.h) */
     pd_pool *pool;
+    int decode_threads;          /* threads of a one-token step (0: all; pd_model_set_decode_threads) */
     pd_tensor g[PD_GLOBAL_SLOTS];
     pd_tensor *lt;               /* n_layer * PD_LAYER_SLOTS */
     /* KV cache: per layer [n_seq][kv_cap[l]][n_head_kv * head_dim], F16 or F32: one slot per

@@ -53,7 +53,7 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
     *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ };
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_phases_reset(m->phases, m->n_phases, s->epoch);
-    pd_pool_run_async(m->pool, pd_forward_task, s);
+    pd_pool_run_async(m->pool, pd_forward_task, s, n == 1 ? m->decode_threads : 0);
 }
 
 /* One sequence: tokens at positions pos.. in chunks of n_batch (causal attention makes chunked ==

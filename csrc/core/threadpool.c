@@ -51,6 +51,7 @@ struct pd_pool {
     atomic_int sleeping;       /* workers waiting on cv */
     atomic_int stop;
     atomic_int done;           /* workers finished with the current run */
+    int n_active;              /* threads that run fn this run (the others only count as done) */
     pd_task_fn fn;
     void *ctx;
 };
@@ -62,16 +63,18 @@ static void *worker_main(void *arg_) {
     pd_pool *p = arg->p;
     int ith = arg->ith;
     free(arg);
-    int seen = 0;
+    int seen = 0, idle = 0;   /* idle: left out of the last run (n_active), so sleep at once */
     for (;;) {
         int spins = 0, gen;
         uint64_t t0 = 0;
         while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            pd_cpu_relax();
-            if (++spins & 255) continue;          /* the clock every 256 pauses */
-            if (!t0) { t0 = now_ns(); continue; }
-            if (now_ns() - t0 < IDLE_SPIN_NS) continue;
+            if (!idle) {
+                pd_cpu_relax();
+                if (++spins & 255) continue;          /* the clock every 256 pauses */
+                if (!t0) { t0 = now_ns(); continue; }
+                if (now_ns() - t0 < IDLE_SPIN_NS) continue;
+            }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleeping, 1);
             while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
@@ -83,7 +86,8 @@ static void *worker_main(void *arg_) {
         }
         if (atomic_load(&p->stop)) break;
         seen = gen;
-        p->fn(p->ctx, ith, p->n);
+        idle = ith >= p->n_active;
+        if (!idle) p->fn(p->ctx, ith, p->n);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
     }
     return NULL;
@@ -123,9 +127,10 @@ void pd_pool_free(pd_pool *p) {
 int pd_pool_size(const pd_pool *p) { return p->n; }
 
 /* Hands fn to the workers (waking the ones asleep) and runs thread 0's share here. */
-static void run_here_and_there(pd_pool *p, pd_task_fn fn, void *ctx) {
+static void run_here_and_there(pd_pool *p, pd_task_fn fn, void *ctx, int n_active) {
     p->fn = fn;
     p->ctx = ctx;
+    p->n_active = n_active > 0 && n_active < p->n ? n_active : p->n;
     atomic_fetch_add(&p->generation, 1);  /* seq_cst: pairs with the sleeping check */
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
@@ -138,14 +143,14 @@ static void run_here_and_there(pd_pool *p, pd_task_fn fn, void *ctx) {
 void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
     if (p->n == 1) { fn(ctx, 0, 1); return; }
     atomic_store(&p->done, 0);
-    run_here_and_there(p, fn, ctx);
+    run_here_and_there(p, fn, ctx, p->n);
     int spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) backoff(&spins);
 }
 
-void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx) {
-    if (p->n == 1) { fn(ctx, 0, 1); return; }
-    run_here_and_there(p, fn, ctx);
+void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx, int n_active) {
+    if (p->n == 1 || n_active == 1) { fn(ctx, 0, 1); return; }
+    run_here_and_there(p, fn, ctx, n_active);
 }
 
 void pd_phases_reset(pd_phase *ph, int n, uint32_t epoch) {

@@ -41,8 +41,10 @@ void pd_chunk_done(pd_worker *w);
 /* Waits until all n_chunks of the current phase are done and moves to the next phase.
  * Returns 0, or -1 if this thread lags behind a step that already ended (it must return). */
 int pd_phase_end(pd_worker *w, int n_chunks);
-/* Runs fn on every thread like pd_pool_run but returns as soon as the caller's own fn returns:
- * the step's phases tell when the work is done, late workers drop out by epoch. */
-void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx);
+/* Runs fn on threads 0..n_active-1 (n_active <= 0 or past the pool: all) like pd_pool_run but
+ * returns as soon as the caller's own fn returns: the step's phases tell when the work is done,
+ * late workers drop out by epoch. The phases share work dynamically, so any number of
+ * participants computes the same result. */
+void pd_pool_run_async(pd_pool *p, pd_task_fn fn, void *ctx, int n_active);
 
 #endif

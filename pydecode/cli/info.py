@@ -44,7 +44,7 @@ def info(model, model_arg):
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
     try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
         from ..model import Model
-        with Model(path, n_ctx=16, n_threads=1) as m:
+        with Model(path, n_ctx=16) as m:
             kinds = Counter(t for _, t, _ in m.repacked)
             click.echo(f"on this CPU     {m.isa} kernels; " + (
                 f"{len(m.repacked)} tensors repacked at load ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), "
@@ -54,5 +54,7 @@ def info(model, model_arg):
                 click.echo("layouts         " + ", ".join(
                     f"{k}: {'16-row repack' if v == 'repacked' else 'file layout'}" for k, v in m.layouts.items())
                     + " (measured on this CPU once, ~/.cache/pydecode/variants.json)")
+            click.echo(f"threads         {m.n_threads} (physical cores); a one-token decode step uses "
+                       f"{m.decode_threads} (measured once per CPU and model shape; -t N sets both)")
     except (PydecodeError, ValueError, OSError) as e:
         click.echo(f"on this CPU     cannot load: {e}")
