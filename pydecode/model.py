@@ -119,8 +119,9 @@ class Model:
                  n_batch: int = DEFAULT_N_BATCH, kv_type: str = "f16", isa: str | None = None,
                  n_seq: int = 1, repack: bool | None = None):
         """Maps `path` and builds the C model. n_ctx: KV cache positions per sequence (default
-        min(4096, trained context)); n_threads: default physical cores (and one-token decode steps then on the fastest count
-        measured once per CPU and model shape, `decode_threads`: threadcount.py); n_batch: tokens per step
+        min(4096, trained context)); n_threads: default physical cores (one-token decode steps
+        then use the fastest count measured once per CPU and model shape, `decode_threads`:
+        threadcount.py); n_batch: tokens per step
         (prefill chunk size, and the most tokens one batch_step takes); kv_type: "f16" or "f32"
         cache; isa: force "scalar"/"avx2"/... kernels (default: best, or $PYDECODE_ISA);
         n_seq: sequence slots in the KV cache (sequences that batch_step decodes together);
@@ -190,7 +191,7 @@ class Model:
         if decode_threads is None:
             decode_threads = self.n_threads if threads_given else threadcount.choose(self)
         self.decode_threads = decode_threads
-        lib.pd_model_set_decode_threads(self._ptr, 0 if decode_threads == self.n_threads else decode_threads)
+        lib.pd_model_set_decode_threads(self._ptr, decode_threads)   # n_threads: all, as 0
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self._logits_ptr = ffi.cast("float *", self._logits.ctypes.data)
         self.slots = SlotLedger(self.n_seq, ring_extra(self))   # who owns each KV slot, what it holds
