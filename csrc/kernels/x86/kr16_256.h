@@ -39,6 +39,10 @@ AI __m256 kr2_step(__m256 acc, float xd, __m256 d, __m256i isum, __m256 dmin, __
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xd), t));
 }
 
+/* Keeps an accumulation a chain: gcc otherwise reassociates a record's 32 int16 adds into a tree
+ * whose leaves (the vpmaddubsw products) it computes early and spills. */
+#define KR2_CHAIN(v) __asm__("" : "+x"(v))
+
 AI __m256i kr2_bcast(const void *p) { return _mm256_set1_epi32(ld32(p)); }
 
 AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
@@ -109,6 +113,72 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
     }
 #pragma GCC unroll 6
     for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
+}
+
+/* The 4 sub-block scales 0..3 (hi4 = 0) or 4..7 (hi4 = 1) of each of a half's 8 rows, byte i of
+ * its 32-bit lane (pd_unpack_scales_k4's word arithmetic on the record's scale words). */
+AI __m256i kr2_q4k_scales(const char *rec, int hb, int hi4) {
+    const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb));
+    if (!hi4) return _mm256_and_si256(s0, _mm256_set1_epi8(0x3f));
+    const __m256i s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
+    return _mm256_or_si256(_mm256_and_si256(s2, _mm256_set1_epi8(0x0f)),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), _mm256_set1_epi8(0x03)), 4));
+}
+
+/* One column (decode): both halves in one pass, each activation broadcast used by both at once.
+ * (tile2_q4k does a half at a time; for one column gcc merges the two halves' 64 broadcasts per
+ * record, keeps them live and spills: llvm-mca saw 148 stack moves per record.) Same integers
+ * and the same float steps in the same order: bit-identical to tile2_q4k. */
+AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
+    const size_t rb = PD_KR16_Q4K_BYTES;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), w16 = _mm256_set1_epi32(0x00ff00ff);
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+    const pd_q8k *xb = (const pd_q8k *)x;
+    for (int b = 0; b < nb; b++, xb++) {
+        const char *rec = w + (size_t)b * rb;
+        __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256i al[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() }, ah[2] = { al[0], al[0] };
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i bl = kr2_bcast(xb->qs + 64 * p + 4 * t), bh = kr2_bcast(xb->qs + 64 * p + 32 + 4 * t);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * (8 * p + t) + 32 * h));
+                    al[h] = _mm256_add_epi16(al[h], _mm256_maddubs_epi16(_mm256_and_si256(v, lo4), bl));
+                    ah[h] = _mm256_add_epi16(ah[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), bh));
+                    KR2_CHAIN(al[h]); KR2_CHAIN(ah[h]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i ow = kr2_q4k_scales(rec, 32 * h, p >= 2);
+                isum[h] = KR_KDOT(isum[h], al[h], _mm256_shuffle_epi8(ow, kr2_lane_base(kr2_pair_of_byte(2 * (p & 1)))));
+                isum[h] = KR_KDOT(isum[h], ah[h], _mm256_shuffle_epi8(ow, kr2_lane_base(kr2_pair_of_byte(2 * (p & 1) + 1))));
+            }
+        }
+        int32_t bp[4];
+        kr16_min_pairs(xb->bsums, bp);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + 32 * h)),
+                          s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + 32 * h));
+            const __m256i o2 = _mm256_and_si256(s1, _mm256_set1_epi8(0x3f));
+            const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), lo4),
+                                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), _mm256_set1_epi8(0x03)), 4));
+            const __m256i mp[4] = { _mm256_and_si256(o2, w16), _mm256_and_si256(_mm256_srli_epi32(o2, 8), w16),
+                                    _mm256_and_si256(o3, w16), _mm256_and_si256(_mm256_srli_epi32(o3, 8), w16) };
+            __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * h)));
+            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * h)));
+            acc[h] = kr2_step(acc[h], xb->d, dv, isum[h], dmv, msum, 1);
+        }
+    }
+    _mm256_storeu_ps(y, acc[0]);
+    _mm256_storeu_ps(y + 8, acc[1]);
 }
 
 AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
@@ -184,8 +254,76 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
 }
 
+/* Unpacked quants of group v, quarter Q, of one half (hb: 0 or 32): formats.h's u0..u3. */
+AI __m256i kr2_q6k_quants(const char *rec, int v, int Q, int hb) {
+    const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
+    const char *r = rec + 64 * 3 * v + hb;
+    if (Q == 0) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), m63);
+    if (Q == 1) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 64)), m63);
+    if (Q == 2)
+        return _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 128)), m15),
+                               _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)r), 2), m48));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 128)), 4), m15),
+                           _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 64)), 2), m48));
+}
+
+/* One column (decode), both halves at once, as tile2_q4k_c1; bit-identical to tile2_q6k. */
+AI void tile2_q6k_c1(int nb, const char *w, const char *x, float *y) {
+    const size_t rb = PD_KR16_Q6K_BYTES;
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+    const pd_q8k *xb = (const pd_q8k *)x;
+    for (int b = 0; b < nb; b++, xb++) {
+        const char *rec = w + (size_t)b * rb;
+        __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+#pragma GCC unroll 4
+        for (int vq = 0; vq < 4; vq++) {
+#pragma GCC unroll 4
+            for (int Q = 0; Q < 4; Q++) {
+                const int s = 4 * Q + vq;   /* sub-block: group v = 4vq..4vq+3 of quarter Q */
+                __m256i a2[2][2];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const int v = 4 * vq + i;
+                    const __m256i a = kr2_bcast(xb->qs + 64 * Q + 4 * v);
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i m = _mm256_maddubs_epi16(kr2_q6k_quants(rec, v, Q, 32 * h), a);
+                        a2[h][i / 2] = i & 1 ? _mm256_add_epi16(a2[h][i / 2], m) : m;
+                    }
+                }
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 3104 + 32 * (s / 2) + 16 * h)));
+                    const __m256i sc = _mm256_shuffle_epi8(pr, kr2_lane_base(kr2_pair_of_word(s & 1)));
+                    isum[h] = KR_KDOT(isum[h], a2[h][0], sc);
+                    isum[h] = KR_KDOT(isum[h], a2[h][1], sc);
+                    KR2_CHAIN(isum[h]);
+                }
+            }
+        }
+        __m256i off[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m256i bs = kr2_bcast(xb->bsums + 2 * t);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++)
+                off[h] = KR_KDOT(off[h], _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 3104 + 32 * t + 16 * h))), bs);
+        }
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 3072)));
+        const __m256 dv1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 3088)));
+        isum[0] = _mm256_sub_epi32(isum[0], _mm256_slli_epi32(off[0], 5));
+        isum[1] = _mm256_sub_epi32(isum[1], _mm256_slli_epi32(off[1], 5));
+        acc[0] = kr2_step(acc[0], xb->d, dv, isum[0], dv, isum[0], 0);
+        acc[1] = kr2_step(acc[1], xb->d, dv1, isum[1], dv1, isum[1], 0);
+    }
+    _mm256_storeu_ps(y, acc[0]);
+    _mm256_storeu_ps(y + 8, acc[1]);
+}
+
 AI void tile2_kr16(int RT, int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
-    if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, x, xs, y, ys);
+    if (RT == PD_Q4_K_R16 && C == 1) tile2_q4k_c1(nb, w, x, y);
+    else if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, x, xs, y, ys);
+    else if (C == 1) tile2_q6k_c1(nb, w, x, y);
     else tile2_q6k(C, nb, w, x, xs, y, ys);
 }
 
