@@ -42,6 +42,9 @@ AI __m256 kr2_step(__m256 acc, float xd, __m256 d, __m256i isum, __m256 dmin, __
 /* Keeps an accumulation a chain: gcc otherwise reassociates a record's 32 int16 adds into a tree
  * whose leaves (the vpmaddubsw products) it computes early and spills. */
 #define KR2_CHAIN(v) __asm__("" : "+x"(v))
+/* A compiler-only fence: loads after it are not merged with the same loads before it (gcc would
+ * keep the first half's 64 x C activation broadcasts live for the second and spill them). */
+#define KR2_FENCE() __asm__ volatile("" ::: "memory")
 
 AI __m256i kr2_bcast(const void *p) { return _mm256_set1_epi32(ld32(p)); }
 
@@ -58,6 +61,7 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
+        KR2_FENCE();   /* the halves' activation loads stay their own */
         __m256 *acc = acc2[half];
         const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb)),
                       s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + hb)),
@@ -85,6 +89,7 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
                 for (int c = 0; c < C; c++) {
                     al[c] = _mm256_add_epi16(al[c], _mm256_maddubs_epi16(lo, kr2_bcast(xb[c]->qs + 64 * p + 4 * t)));
                     ah[c] = _mm256_add_epi16(ah[c], _mm256_maddubs_epi16(hi, kr2_bcast(xb[c]->qs + 64 * p + 32 + 4 * t)));
+                    KR2_CHAIN(al[c]); KR2_CHAIN(ah[c]);
                 }
             }
             const __m256i ow = p < 2 ? o0 : o1;
@@ -181,9 +186,21 @@ AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
     _mm256_storeu_ps(y + 8, acc[1]);
 }
 
+/* Unpacked quants of group v, quarter Q, of one half (hb: 0 or 32): formats.h's u0..u3. */
+AI __m256i kr2_q6k_quants(const char *rec, int v, int Q, int hb) {
+    const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
+    const char *r = rec + 64 * 3 * v + hb;
+    if (Q == 0) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), m63);
+    if (Q == 1) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 64)), m63);
+    if (Q == 2)
+        return _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 128)), m15),
+                               _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)r), 2), m48));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 128)), 4), m15),
+                           _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 64)), 2), m48));
+}
+
 AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = PD_KR16_Q6K_BYTES;
-    const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
     __m256 acc2[2][KR2_CMAX];
 #pragma GCC unroll 6
     for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
@@ -193,6 +210,7 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
+        KR2_FENCE();   /* the halves' activation loads stay their own */
         __m256 *acc = acc2[half];
         const pd_q8k *xb[KR2_CMAX];
         __m256i isum[KR2_CMAX];
@@ -212,16 +230,7 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
 #pragma GCC unroll 2
                     for (int e = 0; e < 2; e++) {
                         const int v = 4 * vq + vv + e;
-                        const char *r = rec + 64 * 3 * v + hb;
-                        __m256i u;
-                        if (Q == 0) u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), m63);
-                        else if (Q == 1) u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 64)), m63);
-                        else if (Q == 2)
-                            u = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 128)), m15),
-                                                _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)r), 2), m48));
-                        else
-                            u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 128)), 4), m15),
-                                                _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 64)), 2), m48));
+                        const __m256i u = kr2_q6k_quants(rec, v, Q, hb);
 #pragma GCC unroll 3
                         for (int c = 0; c < C; c++) {
                             const __m256i m = _mm256_maddubs_epi16(u, kr2_bcast(xb[c]->qs + 64 * Q + 4 * v));
@@ -233,6 +242,7 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
                 for (int c = 0; c < C; c++) {
                     isum[c] = KR_KDOT(isum[c], a2[c][0], sc);
                     isum[c] = KR_KDOT(isum[c], a2[c][1], sc);
+                    KR2_CHAIN(isum[c]);
                 }
             }
         }
@@ -252,19 +262,6 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
     }
 #pragma GCC unroll 6
     for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
-}
-
-/* Unpacked quants of group v, quarter Q, of one half (hb: 0 or 32): formats.h's u0..u3. */
-AI __m256i kr2_q6k_quants(const char *rec, int v, int Q, int hb) {
-    const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
-    const char *r = rec + 64 * 3 * v + hb;
-    if (Q == 0) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)r), m63);
-    if (Q == 1) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 64)), m63);
-    if (Q == 2)
-        return _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 128)), m15),
-                               _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)r), 2), m48));
-    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 128)), 4), m15),
-                           _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(r + 64)), 2), m48));
 }
 
 /* One column (decode), both halves at once, as tile2_q4k_c1; bit-identical to tile2_q6k. */
@@ -330,12 +327,15 @@ AI void tile2_kr16(int RT, int C, int nb, const char *w, const char *x, size_t x
 AI void matmul_kr16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
                     float *y, size_t ys) {
     const int nb = k / PD_QKK;
+    /* Columns per pass: Q6_K's 3 would need more than 16 registers (llvm-mca: 3 columns cost
+     * 594 cycles per record, 2 cost 305). */
+    const int cmax = RT == PD_Q6_K_R16 ? 2 : KR2_CMAX;
     for (int r = 0; r < nrows; r += PD_R16_ROWS) {
         const char *g = (const char *)w + (size_t)r * ws;
-        for (int c = 0; c < ncols; c += KR2_CMAX) {
+        for (int c = 0; c < ncols; c += cmax) {
             const char *xc = (const char *)x + (size_t)c * xs;
             float *yc = y + (size_t)c * ys + r;
-            switch (ncols - c >= KR2_CMAX ? KR2_CMAX : ncols - c) {
+            switch (ncols - c >= cmax ? cmax : ncols - c) {
             case 1: tile2_kr16(RT, 1, nb, g, xc, xs, yc, ys); break;
             case 2: tile2_kr16(RT, 2, nb, g, xc, xs, yc, ys); break;
             default: tile2_kr16(RT, 3, nb, g, xc, xs, yc, ys); break;
