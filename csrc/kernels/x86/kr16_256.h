@@ -15,7 +15,7 @@
 
 #define KR2_CMAX 3   /* columns per pass: 16 ymm registers */
 #ifndef KR2_PF
-#define KR2_PF 0     /* records ahead to prefetch (0: none, as x86/avx512_kr16.c) */
+#define KR2_PF 16    /* records ahead to prefetch into L2, as x86/avx512_kr16.c (see there) */
 #endif
 
 /* The pshufb pattern putting byte k of each 32-bit lane into both int16 halves of it. */
@@ -57,7 +57,7 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T0);
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
@@ -141,6 +141,7 @@ AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
     const pd_q8k *xb = (const pd_q8k *)x;
     for (int b = 0; b < nb; b++, xb++) {
         const char *rec = w + (size_t)b * rb;
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
         __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
@@ -206,7 +207,7 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T0);
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
@@ -271,6 +272,7 @@ AI void tile2_q6k_c1(int nb, const char *w, const char *x, float *y) {
     const pd_q8k *xb = (const pd_q8k *)x;
     for (int b = 0; b < nb; b++, xb++) {
         const char *rec = w + (size_t)b * rb;
+        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
         __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 #pragma GCC unroll 4
         for (int vq = 0; vq < 4; vq++) {
