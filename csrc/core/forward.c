@@ -150,7 +150,7 @@ static void residual_rows(pd_model *m, int n, int r0, int r1) {
 /* A matmul whose output goes into the residual stream: x += W @ xn, or, with a post-norm (gemma),
  * x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
 static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *post_norm, int n) {
-    int d = m->c.n_embd, ch = pd_chunk_rows(d, wt->row_bytes), nc = N_CHUNKS(d, ch);
+    int d = m->c.n_embd, ch = pd_matmul_chunk_rows(d, wt->row_bytes, w->nth), nc = N_CHUNKS(d, ch);
     FOR_CHUNKS(w, nc, c) {
         int r0 = c * ch, r1 = r0 + ch < d ? r0 + ch : d;
         matmul_rows(m, wt, r0, r1, n, m->tmp, d);
@@ -179,7 +179,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_ATTN_NORM), d, n)) return -1;
 
     /* 2. Q, K, V in one phase over the concatenated rows (they share the input) */
-    int rows = qd + 2 * kvd, ch = pd_chunk_rows(rows, pd_layer_tensor(m, l, PD_WQ)->row_bytes), nc = N_CHUNKS(rows, ch);
+    int rows = qd + 2 * kvd, ch = pd_matmul_chunk_rows(rows, pd_layer_tensor(m, l, PD_WQ)->row_bytes, w->nth), nc = N_CHUNKS(rows, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < rows ? r0 + ch : rows;
         const pd_tensor *t[3] = { pd_layer_tensor(m, l, PD_WQ), pd_layer_tensor(m, l, PD_WK), pd_layer_tensor(m, l, PD_WV) };
@@ -233,7 +233,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
 
     /* 6. FFN: norm; gate and up in one phase (same rows -> the activation is fused); down */
     if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_FFN_NORM), d, n)) return -1;
-    ch = pd_chunk_rows(nff, pd_layer_tensor(m, l, PD_GATE)->row_bytes + pd_layer_tensor(m, l, PD_UP)->row_bytes);
+    ch = pd_matmul_chunk_rows(nff, pd_layer_tensor(m, l, PD_GATE)->row_bytes + pd_layer_tensor(m, l, PD_UP)->row_bytes, w->nth);
     nc = N_CHUNKS(nff, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < nff ? r0 + ch : nff;
@@ -301,7 +301,6 @@ static int forward(pd_worker *w, step_ctx *s) {
  * a stale step is harmless: its epoch no longer matches the phases, so every claim fails. */
 void pd_forward_task(void *ctx, int ith, int nth) {
     pd_model *m = ((step_ctx *)ctx)->m;
-    (void)nth;
     step_ctx s;
     for (;;) {
         uint32_t v = atomic_load_explicit(&m->step_seq, memory_order_acquire);
@@ -310,6 +309,6 @@ void pd_forward_task(void *ctx, int ith, int nth) {
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&m->step_seq, memory_order_relaxed) == v) break;
     }
-    pd_worker w = { m->phases, s.epoch, 0, ith };
+    pd_worker w = { m->phases, s.epoch, 0, ith, 0, nth };
     forward(&w, &s);
 }

@@ -87,7 +87,7 @@ static void *worker_main(void *arg_) {
         if (atomic_load(&p->stop)) break;
         seen = gen;
         idle = ith >= p->n_active;
-        if (!idle) p->fn(p->ctx, ith, p->n);
+        if (!idle) p->fn(p->ctx, ith, p->n_active);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
     }
     return NULL;
@@ -137,7 +137,7 @@ static void run_here_and_there(pd_pool *p, pd_task_fn fn, void *ctx, int n_activ
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(ctx, 0, p->n);
+    fn(ctx, 0, p->n_active);
 }
 
 void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx) {
