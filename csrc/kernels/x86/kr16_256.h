@@ -48,30 +48,48 @@ AI __m256 kr2_step(__m256 acc, float xd, __m256 d, __m256i isum, __m256 dmin, __
 
 AI __m256i kr2_bcast(const void *p) { return _mm256_set1_epi32(ld32(p)); }
 
+AI void kr2_prefetch(const char *rec, size_t rb) {   /* the record KR2_PF ahead, into L2 */
+    if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
+}
+
+/* The 4 sub-block scales 0..3 (hi4 = 0) or 4..7 (hi4 = 1) of each of a half's 8 rows, byte i of
+ * its 32-bit lane (pd_unpack_scales_k4's word arithmetic on the record's scale words). */
+AI __m256i kr2_q4k_scales(const char *rec, int hb, int hi4) {
+    const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb));
+    if (!hi4) return _mm256_and_si256(s0, _mm256_set1_epi8(0x3f));
+    const __m256i s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
+    return _mm256_or_si256(_mm256_and_si256(s2, _mm256_set1_epi8(0x0f)),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), _mm256_set1_epi8(0x03)), 4));
+}
+
+/* The 8 sub-block minima of each of a half's 8 rows as 4 registers of int16 pairs, lane j of
+ * register i holding row j's (m[i'], m[i' + 2]) for the pairs kr16_min_pairs makes of bsums. */
+AI void kr2_q4k_mins(const char *rec, int hb, __m256i mp[4]) {
+    const __m256i s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + hb)),
+                  s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
+    const __m256i w16 = _mm256_set1_epi32(0x00ff00ff);
+    const __m256i o2 = _mm256_and_si256(s1, _mm256_set1_epi8(0x3f));
+    const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), _mm256_set1_epi8(0x0f)),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), _mm256_set1_epi8(0x03)), 4));
+    mp[0] = _mm256_and_si256(o2, w16); mp[1] = _mm256_and_si256(_mm256_srli_epi32(o2, 8), w16);
+    mp[2] = _mm256_and_si256(o3, w16); mp[3] = _mm256_and_si256(_mm256_srli_epi32(o3, 8), w16);
+}
+
 AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = PD_KR16_Q4K_BYTES;
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), m2 = _mm256_set1_epi8(0x03);
-    const __m256i w16 = _mm256_set1_epi32(0x00ff00ff);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
     __m256 acc2[2][KR2_CMAX];
 #pragma GCC unroll 6
     for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
+        kr2_prefetch(rec, rb);
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
         KR2_FENCE();   /* the halves' activation loads stay their own */
         __m256 *acc = acc2[half];
-        const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb)),
-                      s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + hb)),
-                      s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
-        const __m256i o0 = _mm256_and_si256(s0, m6);
-        const __m256i o1 = _mm256_or_si256(_mm256_and_si256(s2, lo4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), m2), 4));
-        const __m256i o2 = _mm256_and_si256(s1, m6);
-        const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), lo4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), m2), 4));
+        const __m256i o0 = kr2_q4k_scales(rec, hb, 0), o1 = kr2_q4k_scales(rec, hb, 1);
         const pd_q8k *xb[KR2_CMAX];
         __m256i isum[KR2_CMAX];
 #pragma GCC unroll 3
@@ -101,8 +119,8 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
                 isum[c] = KR_KDOT(isum[c], ah[c], scb);
             }
         }
-        const __m256i mp[4] = { _mm256_and_si256(o2, w16), _mm256_and_si256(_mm256_srli_epi32(o2, 8), w16),
-                                _mm256_and_si256(o3, w16), _mm256_and_si256(_mm256_srli_epi32(o3, 8), w16) };
+        __m256i mp[4];
+        kr2_q4k_mins(rec, hb, mp);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * half)));
         const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * half)));
 #pragma GCC unroll 3
@@ -120,28 +138,18 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
 }
 
-/* The 4 sub-block scales 0..3 (hi4 = 0) or 4..7 (hi4 = 1) of each of a half's 8 rows, byte i of
- * its 32-bit lane (pd_unpack_scales_k4's word arithmetic on the record's scale words). */
-AI __m256i kr2_q4k_scales(const char *rec, int hb, int hi4) {
-    const __m256i s0 = _mm256_loadu_si256((const __m256i *)(rec + 2112 + hb));
-    if (!hi4) return _mm256_and_si256(s0, _mm256_set1_epi8(0x3f));
-    const __m256i s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + hb));
-    return _mm256_or_si256(_mm256_and_si256(s2, _mm256_set1_epi8(0x0f)),
-                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), _mm256_set1_epi8(0x03)), 4));
-}
-
 /* One column (decode): both halves in one pass, each activation broadcast used by both at once.
  * (tile2_q4k does a half at a time; for one column gcc merges the two halves' 64 broadcasts per
  * record, keeps them live and spills: llvm-mca saw 148 stack moves per record.) Same integers
  * and the same float steps in the same order: bit-identical to tile2_q4k. */
 AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
     const size_t rb = PD_KR16_Q4K_BYTES;
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), w16 = _mm256_set1_epi32(0x00ff00ff);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
     __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
     const pd_q8k *xb = (const pd_q8k *)x;
     for (int b = 0; b < nb; b++, xb++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
+        kr2_prefetch(rec, rb);
         __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
@@ -168,13 +176,8 @@ AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
         kr16_min_pairs(xb->bsums, bp);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256i s1 = _mm256_loadu_si256((const __m256i *)(rec + 2176 + 32 * h)),
-                          s2 = _mm256_loadu_si256((const __m256i *)(rec + 2240 + 32 * h));
-            const __m256i o2 = _mm256_and_si256(s1, _mm256_set1_epi8(0x3f));
-            const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), lo4),
-                                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), _mm256_set1_epi8(0x03)), 4));
-            const __m256i mp[4] = { _mm256_and_si256(o2, w16), _mm256_and_si256(_mm256_srli_epi32(o2, 8), w16),
-                                    _mm256_and_si256(o3, w16), _mm256_and_si256(_mm256_srli_epi32(o3, 8), w16) };
+            __m256i mp[4];
+            kr2_q4k_mins(rec, 32 * h, mp);
             __m256i msum = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
@@ -207,7 +210,7 @@ AI void tile2_q6k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) acc2[c / C][c % C] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
+        kr2_prefetch(rec, rb);
 #pragma GCC unroll 2
       for (int half = 0; half < 2; half++) {   /* both halves of a record while it is in L1 */
         const int hb = 32 * half;
@@ -272,7 +275,7 @@ AI void tile2_q6k_c1(int nb, const char *w, const char *x, float *y) {
     const pd_q8k *xb = (const pd_q8k *)x;
     for (int b = 0; b < nb; b++, xb++) {
         const char *rec = w + (size_t)b * rb;
-        if (KR2_PF) for (size_t off = 0; off < rb; off += 64) _mm_prefetch(rec + KR2_PF * rb + off, _MM_HINT_T1);
+        kr2_prefetch(rec, rb);
         __m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 #pragma GCC unroll 4
         for (int vq = 0; vq < 4; vq++) {
