@@ -309,6 +309,9 @@ void pd_forward_task(void *ctx, int ith, int nth) {
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&m->step_seq, memory_order_relaxed) == v) break;
     }
-    pd_worker w = { m->phases, s.epoch, 0, ith, 0, nth };
+    /* s.nth, not nth: a worker that wakes late may see the pool's thread count of another step
+     * than the one its seqlock read gives (the chunk counts would disagree and a phase never end). */
+    (void)nth;
+    pd_worker w = { m->phases, s.epoch, 0, ith, 0, s.nth };
     forward(&w, &s);
 }

@@ -80,6 +80,8 @@ typedef struct {
     float *logits;              /* [n_out][n_vocab] */
     uint32_t epoch;
     int summ;                   /* fold the logits into the sampling summary (summary.h) */
+    int nth;                    /* the threads running it: chunk counts follow from it, so every
+                                   thread must read the same value, under the step's seqlock */
 } step_ctx;
 
 

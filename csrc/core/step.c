@@ -50,10 +50,12 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
     m->summ_ready = summ;
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_relaxed);   /* odd: being written */
     atomic_thread_fence(memory_order_release);
-    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ };
+    const int all = pd_pool_size(m->pool), dt = m->decode_threads;
+    const int nth = n == 1 && dt > 0 && dt < all ? dt : all;
+    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ, nth };
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_phases_reset(m->phases, m->n_phases, s->epoch);
-    pd_pool_run_async(m->pool, pd_forward_task, s, n == 1 ? m->decode_threads : 0);
+    pd_pool_run_async(m->pool, pd_forward_task, s, nth);
 }
 
 /* One sequence: tokens at positions pos.. in chunks of n_batch (causal attention makes chunked ==
