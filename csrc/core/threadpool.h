@@ -32,7 +32,7 @@ typedef struct {
  * are added at once when it finds no chunk left (one atomic per thread and phase, not one per
  * chunk). The phase cannot end before that add, so the epoch cannot change in between. */
 typedef struct { pd_phase *phases; uint32_t epoch; int idx; int ith; int pending; int nth; } pd_worker;
-/* nth: the threads running the task (fn's nth: the pool's active ones). */
+/* nth: the threads running the step (forward.c takes it from the step, step_ctx.nth). */
 
 /* Resets phases [0, n) for a new step with this epoch (before the run). */
 void pd_phases_reset(pd_phase *phases, int n, uint32_t epoch);
