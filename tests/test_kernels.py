@@ -244,6 +244,30 @@ def test_quantize_q8k_matches_numpy_mirror(isa):
     assert abs(got["qs"]).max() == 127
 
 
+@pytest.mark.parametrize("bad", [np.nan, -np.nan, np.inf, -np.inf])
+def test_quantize_a_non_finite_block_is_nan_everywhere(isa, bad):
+    """formats.h's rule: a block with a NaN or an infinity anywhere quantizes to d = NaN (s = NaN)
+    and zero quants (the conversion of NaN to int was INT_MIN, and summing it overflowed, caught by
+    UBSan); the other blocks are untouched, bit-exact with the mirror. A NaN after larger values
+    (float max instructions drop it) counts too."""
+    rng = np.random.default_rng(8)
+    for where in (0, 5, 31, 200):
+        x = rng.standard_normal(256 * 3).astype("f4")
+        x[256 + 255] = 1e30                                # a finite huge value in the same block
+        x[256 + where] = bad
+        ok = np.r_[0:256, 512:768]
+        got8 = q8_c(isa, x)
+        assert np.isnan(got8["d"][8 + where // 32]) and np.isnan(got8["s"][8 + where // 32])
+        assert not got8["qs"][8 + where // 32].any()
+        want8 = q8_numpy(np.where(np.isfinite(x), x, 0).astype("f4"))
+        fine = [b for b in range(24) if b != 8 + where // 32]
+        assert got8[fine].tobytes() == want8[fine].tobytes()
+        gotk = q8k_c(isa, x)
+        assert np.isnan(gotk["d"][1]) and not gotk["qs"][1].any() and not gotk["bsums"][1].any()
+        wantk = q8k_numpy(x[ok].astype("f4"))
+        assert gotk[[0, 2]].tobytes() == wantk.tobytes()
+
+
 # ---------------------------------------------------------------- matmul vs the gguf oracle
 
 

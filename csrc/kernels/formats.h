@@ -40,6 +40,28 @@ typedef struct { float d; int8_t qs[PD_QKK]; int16_t bsums[PD_QKK / 16]; } pd_q8
 /* Both quantizers: d = amax/127 (float32, >= 0), q = round-half-away(x * (1/d)) (|q| <= 127),
  * the rule of gguf's Q8_0 quantizer. (ggml's own quantize_row_q8_K divides by the signed max
  * and rounds half to even; same precision, but one rule for both formats is simpler to test.) */
+/* A block holding a NaN or an infinity (a hostile or broken model: finite weights and inputs
+ * never make one) has no scale: it quantizes to d = s = NaN and all-zero quants, so every dot
+ * with it is NaN, the same in every kernel table. (Converting the non-finite x * (1/d) to int
+ * would give INT_MIN, undefined to sum.) amax is the largest |x| compared as integers (the bits
+ * of |x|): the float max for finite values, and a NaN's bits exceed every other, so a NaN
+ * anywhere in the block shows, where float max instructions and fmaxf drop it. */
+static inline uint32_t pd_abs_bits(float x) {
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    return u & 0x7fffffffu;
+}
+static inline float pd_bits_float(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline int pd_amax_finite(float amax) { return amax <= 3.40282347e+38f; }   /* false for NaN */
+static inline void pd_q8_nonfinite(pd_q8 *y) {
+    y->d = y->s = __builtin_nanf("");
+    for (int j = 0; j < PD_QK; j++) y->qs[j] = 0;
+}
+static inline void pd_q8k_nonfinite(pd_q8k *y) {
+    y->d = __builtin_nanf("");
+    for (int j = 0; j < PD_QKK; j++) y->qs[j] = 0;
+    for (int j = 0; j < PD_QKK / 16; j++) y->bsums[j] = 0;
+}
 
 /* GGML block layouts (byte-exact with the GGUF file). f16 stored as uint16_t bits. */
 typedef struct { uint16_t d; uint8_t qs[16]; } pd_block_q4_0;               /* w = d*(q-8) */

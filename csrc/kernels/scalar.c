@@ -9,8 +9,10 @@
  * Q8_0 quantizer (and ggml's reference), so tests can reproduce it bit for bit. d stays f32. */
 static void quantize_q8(const float *x, pd_q8 *y, int k) {
     for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < PD_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        uint32_t ab = 0;   /* formats.h: the max of |x| as integers */
+        for (int j = 0; j < PD_QK; j++) ab = pd_abs_bits(x[j]) > ab ? pd_abs_bits(x[j]) : ab;
+        const float amax = pd_bits_float(ab);
+        if (!pd_amax_finite(amax)) { pd_q8_nonfinite(&y[b]); continue; }
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int j = 0; j < PD_QK; j++) {
@@ -26,8 +28,10 @@ static void quantize_q8(const float *x, pd_q8 *y, int k) {
 /* The same rule per 256 values (pd_q8k), plus the sum of each 16 consecutive q (bsums). */
 static void quantize_q8k(const float *x, pd_q8k *y, int k) {
     for (int b = 0; b < k / PD_QKK; b++, x += PD_QKK) {
-        float amax = 0.0f;
-        for (int j = 0; j < PD_QKK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        uint32_t ab = 0;
+        for (int j = 0; j < PD_QKK; j++) ab = pd_abs_bits(x[j]) > ab ? pd_abs_bits(x[j]) : ab;
+        const float amax = pd_bits_float(ab);
+        if (!pd_amax_finite(amax)) { pd_q8k_nonfinite(&y[b]); continue; }
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         /* |x*id| <= 127 * (1 + a few ulp): rounds to at most 127, no clamp needed */
         for (int j = 0; j < PD_QKK; j++) y[b].qs[j] = (int8_t)(int)roundf(x[j] * id);

@@ -51,19 +51,27 @@ AI __m256i round_away(__m256 t) {
     return _mm256_cvtps_epi32(_mm256_add_ps(tr, step));
 }
 
+/* The largest of 8 |x| bit patterns (formats.h: amax compared as integers), as a float. */
+AI float amax_of_bits(__m256i m8) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtss_f32(_mm_castsi128_ps(m));
+}
+AI __m256i abs_bits(__m256 v) { return _mm256_castps_si256(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)); }
+
 static void quantize_q8(const float *x, pd_q8 *y, int k) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
-        __m256 v[4], amax = _mm256_setzero_ps();
+        __m256 v[4];
+        __m256i ab = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
             v[i] = _mm256_loadu_ps(x + 8 * i);
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+            ab = _mm256_max_epi32(ab, abs_bits(v[i]));
         }
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float d = _mm_cvtss_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float amax = amax_of_bits(ab);
+        if (!pd_amax_finite(amax)) { pd_q8_nonfinite(&y[b]); continue; }
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4], sum = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
@@ -85,18 +93,14 @@ static void quantize_q8(const float *x, pd_q8 *y, int k) {
 /* quantize_q8's rule per 256 values, plus bsums (sums of 16 q) taken from the int32 quants
  * before packing: 2 vectors per 16 values, 8 such sums per 128 values through reduce8. */
 static void quantize_q8k(const float *x, pd_q8k *y, int k) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < k / PD_QKK; b++, x += PD_QKK) {
-        __m256 m4[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                        _mm256_setzero_ps()};   /* 4 chains: max has a 3-4 cycle latency */
-        for (int i = 0; i < PD_QKK / 8; i++)
-            m4[i % 4] = _mm256_max_ps(m4[i % 4], _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
-        const __m256 amax = _mm256_max_ps(_mm256_max_ps(m4[0], m4[1]), _mm256_max_ps(m4[2], m4[3]));
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float d = _mm_cvtss_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256i m4[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                         _mm256_setzero_si256()};   /* 4 chains of independent maxes */
+        for (int i = 0; i < PD_QKK / 8; i++) m4[i % 4] = _mm256_max_epi32(m4[i % 4], abs_bits(_mm256_loadu_ps(x + 8 * i)));
+        const float amax = amax_of_bits(_mm256_max_epi32(_mm256_max_epi32(m4[0], m4[1]), _mm256_max_epi32(m4[2], m4[3])));
+        if (!pd_amax_finite(amax)) { pd_q8k_nonfinite(&y[b]); continue; }
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         __m256i sums[2];
         for (int h = 0; h < 2; h++) {           /* halves of 128 values: 8 bsums each */

@@ -59,10 +59,14 @@ AI __m512i round_away(__m512 t) {
     return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, up, tr, step));
 }
 
+AI __m512i abs_bits(__m512 v) { return _mm512_castps_si512(_mm512_abs_ps(v)); }
+
 static void quantize_q8(const float *x, pd_q8 *y, int k) {
     for (int b = 0; b < k / PD_QK; b++, x += PD_QK) {
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        /* formats.h: amax compared as integers (the bits of |x|) */
+        const float amax = pd_bits_float((uint32_t)_mm512_reduce_max_epi32(_mm512_max_epi32(abs_bits(v0), abs_bits(v1))));
+        if (!pd_amax_finite(amax)) { pd_q8_nonfinite(&y[b]); continue; }
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m512 vid = _mm512_set1_ps(id);
         const __m512i q0 = round_away(_mm512_mul_ps(v0, vid)), q1 = round_away(_mm512_mul_ps(v1, vid));
@@ -76,12 +80,12 @@ static void quantize_q8(const float *x, pd_q8 *y, int k) {
 /* The same rule per 256 values; each register of 16 quants is one bsums group. */
 static void quantize_q8k(const float *x, pd_q8k *y, int k) {
     for (int b = 0; b < k / PD_QKK; b++, x += PD_QKK) {
-        __m512 m4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                        _mm512_setzero_ps()};
-        for (int i = 0; i < PD_QKK / 16; i++)
-            m4[i % 4] = _mm512_max_ps(m4[i % 4], _mm512_abs_ps(_mm512_loadu_ps(x + 16 * i)));
-        const float amax = _mm512_reduce_max_ps(
-            _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3])));
+        __m512i m4[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                         _mm512_setzero_si512()};
+        for (int i = 0; i < PD_QKK / 16; i++) m4[i % 4] = _mm512_max_epi32(m4[i % 4], abs_bits(_mm512_loadu_ps(x + 16 * i)));
+        const float amax = pd_bits_float((uint32_t)_mm512_reduce_max_epi32(
+            _mm512_max_epi32(_mm512_max_epi32(m4[0], m4[1]), _mm512_max_epi32(m4[2], m4[3]))));
+        if (!pd_amax_finite(amax)) { pd_q8k_nonfinite(&y[b]); continue; }
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m512 vid = _mm512_set1_ps(id);
         for (int i = 0; i < PD_QKK / 16; i++) {
