@@ -41,7 +41,7 @@ LOOPS = [
     ("q6_k r16", "q6_k", "csrc/kernels/x86/avx512_kr16.c", f"tile_q6k(1, {NB}, w, x, 0, y, 0)", 3360, "avx512"),
     ("q4_k r16", "q4_k", "csrc/kernels/x86/avx2.c", f"tile2_q4k_c1({NB}, w, x, y)", 2304, "avx2"),
     ("q6_k r16", "q6_k", "csrc/kernels/x86/avx2.c", f"tile2_q6k_c1({NB}, w, x, y)", 3360, "avx2"),
-    ("q4_k r16", "q4_k", "csrc/kernels/x86/avxvnni.c", f"tile2_q4k_c1({NB}, w, x, y)", 2304, "avxvnni"),
+    ("q4_k r16", "q4_k", "csrc/kernels/x86/avxvnni.c", f"tile2_q4k_c1_bdot({NB}, w, x, y)", 2304, "avxvnni"),
     ("q6_k r16", "q6_k", "csrc/kernels/x86/avxvnni.c", f"tile2_q6k_c1({NB}, w, x, y)", 3360, "avxvnni"),
     ("q4_k file", "q4_k", "csrc/kernels/x86/avx512_kquant.c", f"tile_k(T_Q4_K, 4, 1, {NB}, w, 144 * {NB}, x, 0, y, 0)", 576, "avx512"),
     ("q6_k file", "q6_k", "csrc/kernels/x86/avx512_kquant.c", f"tile_k(T_Q6_K, 4, 1, {NB}, w, 210 * {NB}, x, 0, y, 0)", 840, "avx512"),

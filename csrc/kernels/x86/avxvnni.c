@@ -135,6 +135,7 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
 #define PD_KDOT(acc, pairs, sc) _mm256_dpwssd_avx_epi32((acc), (pairs), (sc))
 #include "kernels/x86/kquant.h"
 #define KR_KDOT PD_KDOT
+#define KR_BDOT _mm256_dpbusd_avx_epi32   /* kr16_256.h: the decode tile with 4-byte dots */
 #include "kernels/x86/kr16_256.h"
 
 /* The legacy formats repacked by 16 rows (kernels/x86/r16_256.h), with vpdpbusd. */

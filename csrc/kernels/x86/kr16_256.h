@@ -4,12 +4,15 @@
  * summed by twos: vpmaddwd + vpaddd, or AVX-VNNI's vpdpwssd).
  *
  * A record's 16 rows are done as two halves of 8 (the low and the high 32 bytes of each 64-byte
- * register of the record), one after the other while the record is in L1, one 32-bit lane per row as in x86/avx512_kr16.c, with no vpdpbusd:
+ * register of the record), one after the other while the record is in L1, one 32-bit lane per
+ * row as in x86/avx512_kr16.c, with no vpdpbusd:
  * vpmaddubsw of the unsigned quants and the 4 broadcast activation bytes gives each row's two
  * int16 pair sums; those of a sub-block are added in int16 (Q4_K: 8 registers of quants <= 15,
  * |sum| <= 8 * 2 * 15 * 127 < 2^15; Q6_K, quants <= 63: 2 registers) and KR_KDOT multiplies them
  * by the sub-block's scale, an int16 pair (sc, sc) per lane made by one in-lane vpshufb. The
- * integers are exact, the float step the scalar table's: bit-identical to it. */
+ * integers are exact, the float step the scalar table's: bit-identical to it. Where the includer
+ * also defines KR_BDOT (the AVX-VNNI table: vpdpbusd), Q4_K's decode tile takes 4-byte dots
+ * instead (tile2_q4k_c1_bdot). */
 #ifndef PD_X86_KR16_256_H
 #define PD_X86_KR16_256_H
 
@@ -190,6 +193,67 @@ AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
     _mm256_storeu_ps(y + 8, acc[1]);
 }
 
+#ifdef KR_BDOT
+/* One column with a 4-byte dot instruction (KR_BDOT(acc, u8, s8): AVX-VNNI's vpdpbusd), for the
+ * AVX-VNNI table: 4 vector ops per 32 weight bytes instead of tile2_q4k_c1's 7 (llvm-mca,
+ * alderlake: its p0/p1/p5 were saturated at 12.8 B/cycle). The low nibbles are v & 0x0f; the high
+ * ones stay in place, v & 0xf0 = 16 x the nibble (an unsigned byte <= 240, exact in vpdpbusd's
+ * int32 sums), so no shift: their sub-block sums are 16 x the true ones, multiplied by the scale
+ * (vpmulld; |sum| <= 16 x 32 x 15 x 128, x 63, x 4 sub-blocks < 2^28) and divided by 16 once per
+ * record, exactly (a multiple of 16). The same integers as tile2_q4k_c1 and the same float
+ * steps: bit-identical to it. */
+AI __m256i kr2_byte_of_lane(int k) {   /* pshufb: byte k of each 32-bit lane, zero-extended */
+    return kr2_lane_base(_mm256_set1_epi32((int)(0x80808000u | (uint32_t)k)));
+}
+AI void tile2_q4k_c1_bdot(int nb, const char *w, const char *x, float *y) {
+    const size_t rb = PD_KR16_Q4K_BYTES;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi4 = _mm256_set1_epi8((char)0xf0);
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+    const pd_q8k *xb = (const pd_q8k *)x;
+    for (int b = 0; b < nb; b++, xb++) {
+        const char *rec = w + (size_t)b * rb;
+        kr2_prefetch(rec, rb);
+        __m256i slo[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() }, shi[2] = { slo[0], slo[0] };
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256i al[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() }, ah[2] = { al[0], al[0] };
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i bl = kr2_bcast(xb->qs + 64 * p + 4 * t), bh = kr2_bcast(xb->qs + 64 * p + 32 + 4 * t);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * (8 * p + t) + 32 * h));
+                    al[h] = KR_BDOT(al[h], _mm256_and_si256(v, lo4), bl);
+                    ah[h] = KR_BDOT(ah[h], _mm256_and_si256(v, hi4), bh);
+                }
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i ow = kr2_q4k_scales(rec, 32 * h, p >= 2);
+                slo[h] = _mm256_add_epi32(slo[h], _mm256_mullo_epi32(al[h], _mm256_shuffle_epi8(ow, kr2_byte_of_lane(2 * (p & 1)))));
+                shi[h] = _mm256_add_epi32(shi[h], _mm256_mullo_epi32(ah[h], _mm256_shuffle_epi8(ow, kr2_byte_of_lane(2 * (p & 1) + 1))));
+            }
+        }
+        int32_t bp[4];
+        kr16_min_pairs(xb->bsums, bp);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i isum = _mm256_add_epi32(slo[h], _mm256_srai_epi32(shi[h], 4));
+            __m256i mp[4];
+            kr2_q4k_mins(rec, 32 * h, mp);
+            __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * h)));
+            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * h)));
+            acc[h] = kr2_step(acc[h], xb->d, dv, isum, dmv, msum, 1);
+        }
+    }
+    _mm256_storeu_ps(y, acc[0]);
+    _mm256_storeu_ps(y + 8, acc[1]);
+}
+#endif
+
 /* Unpacked quants of group v, quarter Q, of one half (hb: 0 or 32): formats.h's u0..u3. */
 AI __m256i kr2_q6k_quants(const char *rec, int v, int Q, int hb) {
     const __m256i m63 = _mm256_set1_epi8(63), m48 = _mm256_set1_epi8(48), m15 = _mm256_set1_epi8(15);
@@ -323,7 +387,11 @@ AI void tile2_q6k_c1(int nb, const char *w, const char *x, float *y) {
 }
 
 AI void tile2_kr16(int RT, int C, int nb, const char *w, const char *x, size_t xs, float *y, size_t ys) {
+#ifdef KR_BDOT
+    if (RT == PD_Q4_K_R16 && C == 1) tile2_q4k_c1_bdot(nb, w, x, y);
+#else
     if (RT == PD_Q4_K_R16 && C == 1) tile2_q4k_c1(nb, w, x, y);
+#endif
     else if (RT == PD_Q4_K_R16) tile2_q4k(C, nb, w, x, xs, y, ys);
     else if (C == 1) tile2_q6k_c1(nb, w, x, y);
     else tile2_q6k(C, nb, w, x, xs, y, ys);
