@@ -53,8 +53,13 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
     const int all = pd_pool_size(m->pool), dt = m->decode_threads;
     const int nth = n == 1 && dt > 0 && dt < all ? dt : all;
     *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ, nth };
-    atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
+    /* The phases are reset for the new epoch BEFORE the step becomes readable: a worker that woke
+     * late for the last step can read this one as soon as step_seq is even and run ahead of this
+     * thread. Reset after, a preempted reset stored a phase's next before that worker claimed its
+     * chunk and the phase's done after the worker counted it: the count was lost and the phase never
+     * ended (seen once in CI: both threads waiting at a norm phase, next = e|1, done = e|0). */
     pd_phases_reset(m->phases, m->n_phases, s->epoch);
+    atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_pool_run_async(m->pool, pd_forward_task, s, nth);
 }
 
