@@ -141,6 +141,24 @@ AI void tile2_q4k(int C, int nb, const char *w, const char *x, size_t xs, float 
     for (int c = 0; c < 2 * C; c++) _mm256_storeu_ps(y + (c % C) * ys + 8 * (c / C), acc2[c / C][c % C]);
 }
 
+/* A record's float step for one column, both halves: the minima term from bsums, then
+ * kr2_step with the halves' d and dmin (the decode tiles' shared end; isum: the scaled sums). */
+AI void kr2_q4k_c1_step(__m256 acc[2], const char *rec, const pd_q8k *xb, const __m256i isum[2]) {
+    int32_t bp[4];
+    kr16_min_pairs(xb->bsums, bp);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i mp[4];
+        kr2_q4k_mins(rec, 32 * h, mp);
+        __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * h)));
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * h)));
+        acc[h] = kr2_step(acc[h], xb->d, dv, isum[h], dmv, msum, 1);
+    }
+}
+
 /* One column (decode): both halves in one pass, each activation broadcast used by both at once.
  * (tile2_q4k does a half at a time; for one column gcc merges the two halves' 64 broadcasts per
  * record, keeps them live and spills: llvm-mca saw 148 stack moves per record.) Same integers
@@ -175,19 +193,7 @@ AI void tile2_q4k_c1(int nb, const char *w, const char *x, float *y) {
                 isum[h] = KR_KDOT(isum[h], ah[h], _mm256_shuffle_epi8(ow, kr2_lane_base(kr2_pair_of_byte(2 * (p & 1) + 1))));
             }
         }
-        int32_t bp[4];
-        kr16_min_pairs(xb->bsums, bp);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m256i mp[4];
-            kr2_q4k_mins(rec, 32 * h, mp);
-            __m256i msum = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * h)));
-            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * h)));
-            acc[h] = kr2_step(acc[h], xb->d, dv, isum[h], dmv, msum, 1);
-        }
+        kr2_q4k_c1_step(acc, rec, xb, isum);
     }
     _mm256_storeu_ps(y, acc[0]);
     _mm256_storeu_ps(y + 8, acc[1]);
@@ -234,20 +240,9 @@ AI void tile2_q4k_c1_bdot(int nb, const char *w, const char *x, float *y) {
                 shi[h] = _mm256_add_epi32(shi[h], _mm256_mullo_epi32(ah[h], _mm256_shuffle_epi8(ow, kr2_byte_of_lane(2 * (p & 1) + 1))));
             }
         }
-        int32_t bp[4];
-        kr16_min_pairs(xb->bsums, bp);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256i isum = _mm256_add_epi32(slo[h], _mm256_srai_epi32(shi[h], 4));
-            __m256i mp[4];
-            kr2_q4k_mins(rec, 32 * h, mp);
-            __m256i msum = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) msum = KR_KDOT(msum, mp[i], _mm256_set1_epi32(bp[i]));
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2048 + 16 * h)));
-            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 2080 + 16 * h)));
-            acc[h] = kr2_step(acc[h], xb->d, dv, isum, dmv, msum, 1);
-        }
+        const __m256i isum[2] = { _mm256_add_epi32(slo[0], _mm256_srai_epi32(shi[0], 4)),
+                                  _mm256_add_epi32(slo[1], _mm256_srai_epi32(shi[1], 4)) };
+        kr2_q4k_c1_step(acc, rec, xb, isum);
     }
     _mm256_storeu_ps(y, acc[0]);
     _mm256_storeu_ps(y + 8, acc[1]);
