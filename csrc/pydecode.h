@@ -84,6 +84,9 @@ int pd_model_n_seq(const pd_model *m);
  * decodes faster on fewer (pydecode/threadcount.py measures it); results do not change. Not
  * during a step. */
 int pd_model_set_decode_threads(pd_model *m, int n);
+/* m runs its steps on from's thread pool (same thread count; steps of the two serialized by the
+ * caller): a draft model beside its target. */
+int pd_model_share_pool(pd_model *m, pd_model *from);
 /* Grows the KV cache to n_seq sequence slots, keeping the existing slots' contents (not during
  * a step); PD_OK, or an error with the model unchanged for use. */
 int pd_model_grow_seq(pd_model *m, int n_seq);

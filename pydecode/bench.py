@@ -311,3 +311,85 @@ def format_concurrency(rows: list[dict]) -> str:
         out.append(f"kernels: {rows[0]['isa']}; " + (f"weights repacked at load: {rb / 1e6:.1f} MB beyond the mapped file"
                                                       if rb else "weights read from the mapped file (no repack)"))
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------- speculative decoding
+
+# A 30-line file to copy with one change (the "rewrite" prompt).
+_CLIENT = '''import json
+import urllib.request
+
+
+class Client:
+    """A small JSON-over-HTTP client."""
+
+    def __init__(self, base_url, timeout=30, retries=3):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+
+    def get(self, path, params=None):
+        url = self.base_url + path
+        if params:
+            url += "?" + "&".join(f"{k}={v}" for k, v in params.items())
+        for attempt in range(self.retries):
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as r:
+                    return json.loads(r.read().decode("utf-8"))
+            except OSError:
+                if attempt == self.retries - 1:
+                    raise
+
+    def post(self, path, body):
+        data = json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.base_url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            return json.loads(r.read().decode("utf-8"))
+'''
+
+DRAFT_PROMPTS = {
+    # code completion: what a same-vocabulary draft model is for
+    "code": "def quicksort(items):\n    \"\"\"Sort a list with quicksort and return the sorted list.\"\"\"\n",
+    # output that mostly copies the input: what prompt lookup is for
+    "rewrite": ("Rewrite this code with one change: the default timeout becomes 60 instead of 30. "
+                "Change nothing else.\n\n" + _CLIENT + "\n\nThe rewritten code:\n\nimport json\n"),
+    # open-ended prose: drafts rarely pay; the self-tuning must step aside
+    "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n",
+}
+
+
+def bench_draft(path, threads: int, draft: str, n_gen: int, reps: int = 3, isa=None, prompts=None) -> list[dict]:
+    """Decode tokens/s with the drafter against without it, same LLM, same prompts, alternated
+    (greedy: the outputs are the same tokens; checked). One row per prompt kind."""
+    from .llm import load
+    rows = []
+    with load(path, n_threads=threads, isa=isa, draft=draft) as llm:
+        for kind, prompt in (prompts or DRAFT_PROMPTS).items():
+            llm.generate(prompt, 4)                                  # the prompt's prefill, cached
+            plain, spec = [], []
+            for _ in range(reps):
+                a = llm.generate(prompt, n_gen, draft_tokens=0)
+                b = llm.generate(prompt, n_gen)
+                if a.tokens != b.tokens:
+                    raise RuntimeError(f"speculative output differs from plain decoding on the {kind!r} prompt")
+                plain.append(a.stats.decode_tokens_per_s)
+                spec.append(b)
+            best = max(spec, key=lambda c: c.stats.decode_tokens_per_s)
+            st = best.stats
+            rows.append({"prompt": kind, "threads": threads, "draft": draft, "n_gen": n_gen,
+                         "plain_tokens_per_s": max(plain), "draft_tokens_per_s": st.decode_tokens_per_s,
+                         "speedup": st.decode_tokens_per_s / max(plain) if max(plain) else 0.0,
+                         "acceptance": st.acceptance_rate, "tokens_per_pass": st.tokens_per_pass,
+                         "drafted": st.draft_tokens, "accepted": st.accepted_tokens})
+    return rows
+
+
+def format_draft(rows: list[dict]) -> str:
+    out = ["| prompt | threads | draft | plain t/s | drafted t/s | speedup | accepted | tokens/pass |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['prompt']} | {r['threads']} | {r['draft']} | {r['plain_tokens_per_s']:.1f} | "
+                   f"{r['draft_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['accepted']}/{r['drafted']} "
+                   f"({100 * r['acceptance']:.0f}%) | {r['tokens_per_pass']:.2f} |")
+    return "\n".join(out)

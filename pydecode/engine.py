@@ -35,6 +35,7 @@ from .errors import ModelClosedError, QueueFullError
 from .generation import Completion, Piece, Stats, TokenPolicy, prompt_ids
 from .model import Model, _is_int
 from .sampling import SamplingParams
+from . import speculative
 
 _END = object()   # _wait's answer for "the sequence has ended"
 
@@ -54,6 +55,11 @@ class _Seq:
         self.cancel_detail = "cancel()"
         self.on_prefill = None                 # callable(done, total) after each prompt chunk
         self.t_admit = self.t_last = 0.0
+        self.draft_max = 0                     # most draft tokens a pass verifies (0: plain decoding)
+        self.lookup = None                     # its speculative.PromptLookup, when it drafts by lookup
+        self.tuner = None                      # its speculative.Tuner, when it drafts at all
+        self.written = 0                       # positions its passes wrote (past kv: rejected drafts)
+        self.spec_key = None                   # the kind of its last proposal (Tuner's key)
 
 
 def _abandon(engine_ref, s: _Seq) -> None:
@@ -157,7 +163,7 @@ class Engine:
     PREFILL_STEP_S = 0.25
 
     def __init__(self, model: Model, max_seqs: int | None = None, max_queue: int | None = None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, draft=None):
         n = min(model.n_seq, model.n_batch) if max_seqs is None else max_seqs
         if not _is_int(n) or not 1 <= n <= model.n_seq:
             raise ValueError(f"max_seqs must be an integer in 1..{model.n_seq} (the model's n_seq), got {max_seqs!r}")
@@ -168,6 +174,11 @@ class Engine:
         if prefill_chunk is not None and (not _is_int(prefill_chunk) or not 1 <= prefill_chunk <= model.n_batch):
             raise ValueError(f"prefill_chunk must be an integer in 1..{model.n_batch} (n_batch), got {prefill_chunk!r}")
         self.model, self.max_seqs, self.max_queue, self.prefill_chunk = model, n, max_queue, prefill_chunk
+        # Speculative decoding (pydecode/speculative.py): "lookup", a speculative.DraftModel, or None.
+        if not (draft is None or draft == "lookup" or isinstance(draft, speculative.DraftModel)):
+            raise ValueError(f"draft must be None, 'lookup' or a speculative.DraftModel, got {draft!r}")
+        self.draft = draft
+        self._costs = speculative.PassCosts(speculative.verify_costs(model)) if draft is not None else None
         self._follows_model = max_seqs is None    # max_seqs grows with the model's slots (grow)
         self._s_per_token: float | None = None   # measured step time per token, for the adaptive chunk
         # A plain lock: a finalizer's non-blocking acquire (see _abandon) never re-enters it.
@@ -187,21 +198,33 @@ class Engine:
     # ---- requests ----
 
     def submit(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
-               logprobs: int | None = None, on_prefill=None, **sampling) -> Handle:
+               logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
+               **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
         parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
         called as on_prefill(done, total) after each chunk of the prompt (in the stepping thread;
-        its errors are ignored), e.g. for a progress bar."""
+        its errors are ignored), e.g. for a progress bar. draft_tokens: the most tokens a
+        drafter (the engine's `draft`) may propose per pass, 0..speculative.MAX_DRAFT (0: decode
+        plainly; default: MAX_DRAFT when the engine has a drafter); the output is the same."""
         m = self.model
         if self._closed:
             raise ModelClosedError("the engine is closed")
+        if draft_tokens is not None and (not _is_int(draft_tokens) or not 0 <= draft_tokens <= speculative.MAX_DRAFT):
+            raise ValueError(f"draft_tokens must be an integer in 0..{speculative.MAX_DRAFT} or None, got {draft_tokens!r}")
         m.check_file()
         ids = prompt_ids(m.tokenizer, prompt, m.n_vocab)
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, SamplingParams(**sampling),
                              stop=stop, logprobs=logprobs)
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
+        if self.draft is not None:
+            s.draft_max = speculative.MAX_DRAFT if draft_tokens is None else draft_tokens
+        if s.draft_max:
+            lookup = self.draft == "lookup"
+            s.lookup = speculative.PromptLookup() if lookup else None
+            s.tuner = speculative.Tuner(self._costs, 0.0, speculative.lookup_prior) if lookup else \
+                speculative.Tuner(self._costs, self.draft.cost)
         with self._cond:
             if self._closed:
                 raise ModelClosedError("the engine is closed")
@@ -280,7 +303,7 @@ class Engine:
                 self._stepper = me
                 plan = self._plan()
             self._execute(plan)
-            return len(plan[0])
+            return sum(len(toks) for _, toks, _ in plan)
         finally:
             if self._stepper == me:            # only this thread sets it to its own ident
                 with self._cond:
@@ -307,29 +330,75 @@ class Engine:
             s.t_admit = time.perf_counter()
             self._active.append(s)
             self._queue.popleft()
-        tokens, pos, slots, out, items = [], [], [], [], []   # items: (seq, its tokens, logits row)
-
-        def add(s, toks, want_logits):
-            items.append((s, toks, len(out) if want_logits else None))
-            if want_logits:
-                out.append(len(tokens) + len(toks) - 1)
-            pos.extend(range(len(s.kv), len(s.kv) + len(toks)))
-            tokens.extend(toks)
-            slots.extend([s.slot] * len(toks))
-
+        items = []   # (seq, its tokens, logits rows it needs: 0, 1, or 1 + its drafts)
         for s in self._active:
             if len(s.kv) >= len(s.prompt):   # decoding: the token it sampled last step
-                add(s, [s.policy.tokens[-1]], True)
+                items.append((s, [s.policy.tokens[-1]], 1))
         # >= 1 while a prompt is pending: decodes <= max_seqs - 1 <= n_batch - 1.
-        budget = min(self.model.n_batch - len(tokens), self._chunk())
+        budget = min(self.model.n_batch - len(items), self._chunk())
         for s in self._active:
             if budget <= 0:
                 break
             if len(s.kv) < len(s.prompt):
                 toks = s.prompt[len(s.kv):len(s.kv) + budget]
-                add(s, toks, len(s.kv) + len(toks) == len(s.prompt))
+                items.append((s, toks, int(len(s.kv) + len(toks) == len(s.prompt))))
                 budget -= len(toks)
-        return tokens, pos, slots, out, items
+        return items
+
+    @staticmethod
+    def _layout(items):
+        """The step's model-call arguments: tokens, positions, slots, logits rows (out), and
+        each item's first row."""
+        tokens, pos, slots, out, first = [], [], [], [], []
+        for s, toks, n_rows in items:
+            first.append(len(out))
+            out.extend(range(len(tokens) + len(toks) - n_rows, len(tokens) + len(toks)))
+            pos.extend(range(len(s.kv), len(s.kv) + len(toks)))
+            tokens.extend(toks)
+            slots.extend([s.slot] * len(toks))
+        return tokens, pos, slots, out, first
+
+    def _speculate(self, items):
+        """Outside the lock, before the model call: the decoding sequences that draft get their
+        drafts appended (k chosen by each one's Tuner; the step stays within n_batch)."""
+        spec = [i for i, (s, toks, n) in enumerate(items) if n == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
+        # The first one-token steps run plain: what a pass costs is measured against them.
+        if not spec or (len(items) == 1 and self._costs.seconds(1) is None):
+            return items
+        m = self.model
+        used = sum(len(t) for _, t, _ in items)
+        reqs, props = [], {}
+        for i in spec:
+            s = items[i][0]
+            k_max = min(s.draft_max, m.n_batch - used, m.n_ctx - 1 - len(s.kv),
+                        s.policy.max_tokens - len(s.policy.tokens) - 1)
+            if s.lookup is not None:   # proposals cost nothing: look first, then choose by the match
+                guess, s.spec_key = s.lookup.propose(s.prompt + s.policy.tokens, k_max) if k_max > 0 else ([], 0)
+                k = s.tuner.choose(len(guess), base=used, key=s.spec_key) if guess else 0
+                props[i] = guess[:k]
+            else:
+                k = s.tuner.choose(k_max, base=used)
+            if k:
+                reqs.append((i, k))
+                used += k
+        if not reqs:
+            return items
+        if self.draft != "lookup":
+            ctx = {i: items[i][0].prompt + items[i][0].policy.tokens for i, _ in reqs}
+            got = self.draft.propose_batch([(items[i][0].slot, ctx[i], k) for i, k in reqs])
+            props = {i: p for (i, _), p in zip(reqs, got)}
+            one = self._costs.seconds(1)
+            if one and self.draft.round_s:   # a draft step over a one-token step of the target
+                self.draft.cost = self.draft.round_s / one
+                for i, _ in reqs:
+                    items[i][0].tuner.draft_cost = self.draft.cost
+        items = list(items)
+        for i, p in props.items():
+            if p:
+                s, toks, _ = items[i]
+                items[i] = (s, toks + p, 1 + len(p))
+        return items
+
 
     def _chunk(self) -> int:
         """Prompt tokens the next step may take: prefill_chunk, or what takes about
@@ -345,6 +414,7 @@ class Engine:
         """The step's one model call; returns its logits rows. With one row of one sequence
         whose sampler can use it, the step also summarizes the logits for the draw."""
         m = self.model
+        items = [(s, toks) for s, toks, _ in items]
         want = items[0][0].policy.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
         if want != self._summ:
             m.set_summary(want)
@@ -361,30 +431,47 @@ class Engine:
         state advances only once its part succeeded, so an interrupt leaves the others to redo
         this step (rewriting the same cache positions). Results are published under the lock in
         `finally`."""
-        tokens, pos, slots, out, items = plan
+        items = plan
         results = []   # (seq, pieces, error)
         try:
-            if not tokens:
+            if not items:
                 return
             try:
+                items = self._speculate(items)
+                tokens, pos, slots, out, first = self._layout(items)
+                for s, toks, _ in items:   # before the call: an interrupt may come once it wrote them
+                    s.written = max(s.written, len(s.kv) + len(toks))
                 t0 = time.perf_counter()
                 logits = self._model_call(tokens, pos, slots, out, items)
+                dt = time.perf_counter() - t0
                 if len(tokens) >= 16:   # a step with a prompt chunk: its time per token
-                    per = (time.perf_counter() - t0) / len(tokens)
+                    per = dt / len(tokens)
                     self._s_per_token = per if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per
             except Exception as e:
                 results = [(s, [], e) for s, _, _ in items]
                 return
             summarized = self._summ > 0
-            for s, toks, row in items:
-                pieces = []
+            for (s, toks, n_rows), row in zip(items, first):
+                pieces, used = [], len(toks)
                 try:
-                    if row is not None:
+                    if n_rows > 1:   # a verification pass: the longest run the policy agrees with
+                        n_had = len(s.policy.tokens)
+                        pieces, used, rejected = speculative.accept_run(s.policy, logits[row:row + n_rows], toks,
+                                                                       len(s.kv))
+                        st = s.policy.stats
+                        st.draft_tokens += n_rows - 1
+                        st.accepted_tokens += used - 1
+                        s.tuner.update(n_rows - 1, used - 1, rejected, s.spec_key)
+                    elif n_rows:
+                        n_had = len(s.policy.tokens)
                         pieces = s.policy.step(logits[row], len(s.kv) + len(toks),
                                                self.model if summarized else None)
+                    if n_rows:
                         now, st = time.perf_counter(), s.policy.stats
-                        if s.t_last:
-                            st.token_latencies_s.append(now - s.t_last)
+                        if s.t_last:   # one latency per token: a pass's later tokens came with its first
+                            st.decode_passes += 1
+                            new = max(1, len(s.policy.tokens) - n_had)
+                            st.token_latencies_s += [now - s.t_last] + [0.0] * (new - 1)
                         else:
                             st.prefill_s = now - s.t_admit
                         s.t_last = now
@@ -394,7 +481,7 @@ class Engine:
                 except BaseException as e:   # its policy state is half-updated: end it with the interrupt
                     results.append((s, [], e))
                     raise
-                s.kv += toks
+                s.kv += toks[:used]
                 s.policy.stats.positions_computed += len(toks)
                 results.append((s, pieces, None))
                 if s.on_prefill is not None and len(s.kv) <= len(s.prompt):
@@ -402,6 +489,8 @@ class Engine:
                         s.on_prefill(len(s.kv), len(s.prompt))
                     except Exception:
                         pass
+            if self._costs is not None and len(out) == len(tokens):   # decodes (and drafts) only
+                self._costs.observe(len(tokens), time.perf_counter() - t0)   # the pass and its policy steps
         finally:
             with self._cond:
                 for s, pieces, err in results:
@@ -429,7 +518,7 @@ class Engine:
         if s in self._active:
             self._active.remove(s)
             # After an error the slot's cache may hold uncommitted writes (a ring may have wrapped).
-            self.model.slots.release(s.slot, s, s.kv if error is None else [])
+            self.model.slots.release(s.slot, s, s.kv if error is None else [], max(0, s.written - len(s.kv)))
         elif s in self._queue:
             self._queue.remove(s)
         s.error, s.done = error, True

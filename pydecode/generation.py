@@ -33,6 +33,19 @@ class Stats:
     prefill_s: float = 0.0
     ttft_s: float = 0.0              # time to first token: prefill + first sample
     token_latencies_s: list[float] = field(default_factory=list)  # each later token's step
+    # (0.0 for the tokens after the first of a speculative pass: they came with it)
+    decode_passes: int = 0           # model passes after the first token (plain or verifying drafts)
+    draft_tokens: int = 0            # tokens a drafter proposed (speculative decoding)
+    accepted_tokens: int = 0         # of those, the ones the model agreed with
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens each decode pass of the model produced (1.0 without a drafter)."""
+        return len(self.token_latencies_s) / self.decode_passes if self.decode_passes else 0.0
 
     @property
     def decode_s(self) -> float:
@@ -51,7 +64,10 @@ class Stats:
     def __repr__(self) -> str:   # the per-token latencies stay in the field, not in the repr
         return (f"Stats(prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, "
                 f"generated_tokens={self.generated_tokens}, ttft={self.ttft_s * 1e3:.1f} ms, "
-                f"prefill={self.prefill_tokens_per_s:.1f} t/s, decode={self.decode_tokens_per_s:.1f} t/s)")
+                f"prefill={self.prefill_tokens_per_s:.1f} t/s, decode={self.decode_tokens_per_s:.1f} t/s"
+                + (f", drafted={self.draft_tokens}, accepted={self.accepted_tokens} "
+                   f"({100 * self.acceptance_rate:.0f}%), {self.tokens_per_pass:.2f} tokens/pass"
+                   if self.draft_tokens else "") + ")")
 
 
 @dataclass

@@ -29,7 +29,7 @@ _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_serve
             "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
             "yarn_beta_slow", "yarn_orig_ctx", "logits_all", "embedding", "offload_kqv", "flash_attn",
             "op_offload", "swa_full", "no_perf", "last_n_tokens_size", "lora_base", "lora_scale", "lora_path",
-            "numa", "chat_handler", "draft_model", "tokenizer", "type_k", "type_v", "spm_infill",
+            "numa", "chat_handler", "tokenizer", "type_k", "type_v", "spm_infill",
             "chat_template_kwargs"}
 
 
@@ -54,17 +54,36 @@ def _stops(stop) -> list[str] | None:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
+class LlamaPromptLookupDecoding:
+    """llama-cpp-python's prompt-lookup draft model (llama_cpp.llama_speculative), for
+    Llama(draft_model=...): pydecode's speculative decoding by prompt lookup (load(draft="lookup"),
+    self-tuned; the arguments are accepted and checked, the lookup picks its own n-gram and k)."""
+
+    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
+        for name, v in (("max_ngram_size", max_ngram_size), ("num_pred_tokens", num_pred_tokens)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        self.max_ngram_size, self.num_pred_tokens = max_ngram_size, num_pred_tokens
+
+
 class Llama:
     """A GGUF model with llama-cpp-python's interface (see the module docstring)."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
-                 seed: int = LLAMA_DEFAULT_SEED, verbose: bool = True, chat_format: str | None = None, **kwargs):
+                 seed: int = LLAMA_DEFAULT_SEED, verbose: bool = True, chat_format: str | None = None,
+                 draft_model: "LlamaPromptLookupDecoding | None" = None, **kwargs):
         unknown = set(kwargs) - _IGNORED
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         self.model_path = str(model_path)
         self.verbose = verbose
-        self._llm: LLM = load(model_path, n_ctx=None if n_ctx == 0 else n_ctx, n_threads=n_threads)
+        if draft_model is not None and not isinstance(draft_model, LlamaPromptLookupDecoding):
+            raise TypeError(f"draft_model must be a LlamaPromptLookupDecoding (pydecode's prompt lookup), "
+                            f"got {type(draft_model).__name__}")
+        self._llm: LLM = load(model_path, n_ctx=None if n_ctx == 0 else n_ctx, n_threads=n_threads,
+                              draft="lookup" if draft_model is not None else None)
+        from .speculative import MAX_DRAFT
+        self._draft_tokens = None if draft_model is None else min(draft_model.num_pred_tokens, MAX_DRAFT)
         self.metadata = {k: str(v) for k, v in self._llm.model.gguf.metadata.items() if not isinstance(v, list)}
         self.chat_format = chat_format
         # One generator for the calls that give no seed, seeded here like llama.cpp's sampler:
@@ -159,7 +178,7 @@ class Llama:
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop),
-                            logprobs=logprobs, **kw)
+                            logprobs=logprobs, draft_tokens=self._draft_tokens, **kw)
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": model or self.model_path}
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
@@ -210,7 +229,8 @@ class Llama:
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         n_top = (top_logprobs or 0) if logprobs else None
-        handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top, **kw)
+        handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
+                            draft_tokens=self._draft_tokens, **kw)
         head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": model or self.model_path}
         if stream:
             return self._stream_chat(handle, head, n_top)

@@ -22,10 +22,11 @@ class LLM:
     cancelled nor dropped keeps its slot. close() (or leaving a `with` block) cancels what is
     running and frees the model; any use after it raises ModelClosedError."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, draft=None):
         self.model = model
         self.tokenizer = model.tokenizer
-        self._engine = Engine(model)
+        self.draft = draft               # None, "lookup" or a speculative.DraftModel (see load)
+        self._engine = Engine(model, draft=draft)
         self._closed = False
         self._warned_batch = False
 
@@ -48,14 +49,15 @@ class LLM:
         """Token ids -> text."""
         return self.tokenizer.decode(list(tokens), skip_special=skip_special)
 
-    def _generation(self, prompt, max_tokens, stop, logprobs, sampling, on_prefill=None) -> Handle:
-        return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, on_prefill=on_prefill, **sampling)
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling, on_prefill=None, draft_tokens=None) -> Handle:
+        return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, on_prefill=on_prefill,
+                                  draft_tokens=draft_tokens, **sampling)
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                seed: int | None = None, stop: str | list[str] | None = None,
-               logprobs: int | None = None, on_prefill=None) -> Handle:
+               logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
@@ -64,13 +66,13 @@ class LLM:
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repeat_last_n=repeat_last_n, seed=seed), on_prefill)
+            repeat_last_n=repeat_last_n, seed=seed), on_prefill, draft_tokens)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | list[str] | None = None,
-                 logprobs: int | None = None) -> Completion:
+                 logprobs: int | None = None, draft_tokens: int | None = None) -> Completion:
         """Generates a continuation of `prompt` (text or token ids).
 
         temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
@@ -78,11 +80,13 @@ class LLM:
         min_p -> a draw seeded by `seed`. Generation stops at an end-of-generation token, at
         max_tokens, at a full context, or at any of the `stop` strings (not included in the text).
         logprobs=N records each chosen token's log-probability and the N most likely tokens.
+        draft_tokens: with a drafter (load's `draft`), the most tokens it may propose per pass
+        (0 turns speculative decoding off for this call); the output does not change.
         """
         gen = self.stream(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                           presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
-                          logprobs=logprobs)
+                          logprobs=logprobs, draft_tokens=draft_tokens)
         try:
             return gen.result()
         except BaseException:
@@ -148,6 +152,8 @@ class LLM:
         the step running, and frees the model. Idempotent."""
         self._closed = True
         self._engine.close()
+        if self.draft is not None and self.draft != "lookup":
+            self.draft.close()
         self.model.close()
 
     @property
@@ -162,11 +168,24 @@ class LLM:
 
 
 def load(model: str | os.PathLike = "smollm2-135m", *, n_ctx: int | None = None, n_threads: int | None = None,
-         kv_type: str = "f16", isa: str | None = None, n_seq: int = 1, repack: bool | None = None) -> LLM:
+         kv_type: str = "f16", isa: str | None = None, n_seq: int = 1, repack: bool | None = None,
+         draft: str | os.PathLike | None = None) -> LLM:
     """Loads a model by registry name (fetched on first use) or by path to a .gguf file.
     n_threads defaults to the number of physical cores; n_ctx (per sequence) to min(4096, the
     model's trained context); n_seq: sequences decoded together (a KV cache slot each); repack:
-    see Model (default on: faster kernels for some formats, at the cost of a copy of those weights)."""
-    path = resolve(model)
-    return LLM(Model(path, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa, n_seq=n_seq,
-                     repack=repack))
+    see Model (default on: faster kernels for some formats, at the cost of a copy of those weights).
+    draft: speculative decoding (pydecode/speculative.py; the output is the same, only faster
+    where guesses pay): "lookup" (the context's repeated n-grams propose the next tokens), or a
+    registry name or path of a smaller model with the same vocabulary (e.g. qwen2.5-coder-0.5b
+    for qwen2.5-coder-1.5b); None (default): plain decoding."""
+    from .speculative import DraftModel
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f"draft must be None, 'lookup' or a model name or path, got {type(draft).__name__}")
+    m = Model(resolve(model), n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, isa=isa, n_seq=n_seq,
+              repack=repack)
+    try:
+        drafter = None if draft is None else "lookup" if draft == "lookup" else DraftModel(m, resolve(draft))
+        return LLM(m, drafter)
+    except BaseException:
+        m.close()
+        raise

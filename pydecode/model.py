@@ -501,6 +501,16 @@ class Model:
             self._usable(None, None)
             return lib.pd_model_summary_sample(self._ptr, top_k, top_p, min_p, u)
 
+    def share_pool(self, other: "Model") -> None:
+        """Runs this model's steps on `other`'s threads, under `other`'s lock (a draft model beside
+        its target: they take turns, and two pools would spin against each other on the same
+        cores). Both need the same n_threads."""
+        with self._lock, other._lock:
+            if self._ptr is None or other._ptr is None:
+                raise ModelClosedError("the model is closed")
+            self._check(lib.pd_model_share_pool(self._ptr, other._ptr))
+            self._lock = other._lock
+
     @property
     def repacked_bytes(self) -> int:
         """Memory held by weights repacked at load (a copy of those tensors, beyond the mapped file)."""

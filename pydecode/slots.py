@@ -21,15 +21,16 @@ def ring_extra(model) -> int | None:
     return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
 
 
-def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None) -> int:
+def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None, spill: int = 0) -> int:
     """How many leading prompt tokens can keep the K/V that a cache holding `cached` has for them:
     the longest common prefix, less the last prompt token (its logits are needed), and none when
     a sliding-window ring (ring = ring_extra) no longer holds the window before that prefix's end:
-    it survives only while at most ring + 1 positions were written after it."""
+    it survives only while at most ring + 1 positions were written after it. spill: positions
+    written past `cached` (rejected speculative drafts) that count as written after it."""
     n, limit = 0, min(len(cached), len(prompt) - 1)
     while n < limit and cached[n] == prompt[n]:
         n += 1
-    return 0 if ring is not None and len(cached) - n > ring else n
+    return 0 if ring is not None and len(cached) + spill - n > ring else n
 
 
 class SlotLedger:
@@ -40,6 +41,7 @@ class SlotLedger:
         # Reentrant: an engine's finalizer (which releases its leases) may run inside any code.
         self._lock = threading.RLock()
         self._held: list[list[int]] = [[] for _ in range(n_seq)]
+        self._spill: list[int] = [0] * n_seq     # positions written past the held tokens
         self._lessee: list[object | None] = [None] * n_seq
         self._ring = ring
 
@@ -53,11 +55,11 @@ class SlotLedger:
         with self._lock:
             for slot, who in enumerate(self._lessee):
                 if who is lessee:       # leased already (an interrupted admission): the same one
-                    return slot, reusable_prefix(self._held[slot], prompt, self._ring)
+                    return slot, reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
             best, best_n = None, -1
             for slot, who in enumerate(self._lessee):
                 if who is None:
-                    n = reusable_prefix(self._held[slot], prompt, self._ring)
+                    n = reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
                     if n > best_n:
                         best, best_n = slot, n
             if best is None:
@@ -65,13 +67,15 @@ class SlotLedger:
             self._lessee[best] = lessee
             return best, best_n
 
-    def release(self, slot: int, lessee: object, held: list[int]) -> None:
+    def release(self, slot: int, lessee: object, held: list[int], spill: int = 0) -> None:
         """Ends a lease; `held` are the tokens whose K/V the slot now holds, in order ([] when
-        unknown, e.g. after an error inside a step)."""
+        unknown, e.g. after an error inside a step); spill: positions written past them (the
+        rejected drafts of speculative decoding)."""
         with self._lock:
             if self._lessee[slot] is lessee:
                 self._lessee[slot] = None
                 self._held[slot] = list(held)
+                self._spill[slot] = spill if held else 0
 
     def direct_write(self, slot: int) -> None:
         """A write into `slot` by a direct Model call: refused while a generation leases it;
@@ -81,17 +85,20 @@ class SlotLedger:
                 raise RuntimeError(f"sequence slot {slot} is in use by a generation (an Engine leases it); "
                                    f"finish or cancel that generation before writing the slot directly")
             self._held[slot] = []
+            self._spill[slot] = 0
 
     def grow(self, n_seq: int) -> None:
         """More slots (the model's cache grew), empty and free."""
         with self._lock:
             while len(self._held) < n_seq:
                 self._held.append([])
+                self._spill.append(0)
                 self._lessee.append(None)
 
     def forget_all(self) -> None:
         with self._lock:
             self._held = [[] for _ in self._held]
+            self._spill = [0] * len(self._held)
 
     def n_leased(self) -> int:
         with self._lock:

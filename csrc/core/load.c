@@ -343,6 +343,21 @@ int pd_model_kv_cap(const pd_model *m, int layer) {
 int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
 
+/* m runs its steps on from's threads from now on (a draft model and its target take turns, so
+ * two pools would only spin against each other on the same cores). Both must have the same
+ * thread count; the caller serializes their steps (one lock for both). */
+int pd_model_share_pool(pd_model *m, pd_model *from) {
+    if (!m || !from) return PD_EINVAL;
+    if (pd_pool_size(from->pool) != pd_pool_size(m->pool))
+        return pd_set_err(m->err, sizeof m->err, "cannot share a pool of %d threads with a model of %d",
+                          pd_pool_size(from->pool), pd_pool_size(m->pool));
+    if (m->pool != from->pool) {
+        pd_pool_free(m->pool);
+        m->pool = pd_pool_ref(from->pool);
+    }
+    return PD_OK;
+}
+
 int pd_model_set_decode_threads(pd_model *m, int n) {
     if (!m) return PD_EINVAL;
     if (n < 0 || n > m->c.n_threads)

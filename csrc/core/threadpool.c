@@ -51,6 +51,7 @@ struct pd_pool {
     atomic_int sleeping;       /* workers waiting on cv */
     atomic_int stop;
     atomic_int done;           /* workers finished with the current run */
+    atomic_int refs;           /* models running their steps on it (a draft shares its target's) */
     int n_active;              /* threads that run fn this run (the others only count as done) */
     pd_task_fn fn;
     void *ctx;
@@ -98,6 +99,7 @@ pd_pool *pd_pool_new(int n_threads) {
     pd_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = n_threads;
+    atomic_init(&p->refs, 1);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
@@ -111,8 +113,13 @@ pd_pool *pd_pool_new(int n_threads) {
     return p;
 }
 
+pd_pool *pd_pool_ref(pd_pool *p) {
+    if (p) atomic_fetch_add(&p->refs, 1);
+    return p;
+}
+
 void pd_pool_free(pd_pool *p) {
-    if (!p) return;
+    if (!p || atomic_fetch_sub(&p->refs, 1) > 1) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->cv);

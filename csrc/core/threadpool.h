@@ -8,7 +8,10 @@ typedef struct pd_pool pd_pool;
 typedef void (*pd_task_fn)(void *ctx, int ith, int nth);
 
 pd_pool *pd_pool_new(int n_threads);
+/* Drops one reference; the last one stops the threads and frees the pool. */
 void pd_pool_free(pd_pool *p);
+/* One more reference (a second model running its steps on this pool); returns p. */
+pd_pool *pd_pool_ref(pd_pool *p);
 int pd_pool_size(const pd_pool *p);
 /* Runs fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are done
  * (the bandwidth probe; a forward step uses pd_pool_run_async). */

@@ -23,9 +23,12 @@ from . import common
 @click.option("--concurrency", default=None, metavar="C1,C2,...",
               help="Instead of pp/tg: C sequences of N_GEN tokens each at once through the batching Engine, "
                    "for each level (e.g. 1,2,4,8,16): aggregate and per-sequence t/s, ITL, TTFT.")
+@click.option("--draft", default=None, metavar="lookup|MODEL",
+              help="Instead of pp/tg: decode with this drafter (speculative decoding) against without it, "
+                   "on code-completion, rewrite and prose prompts (greedy; same tokens checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @common.isa_opt
-def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, concurrency, as_json, isa):
+def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, concurrency, draft, as_json, isa):
     """Speed of MODEL, llama-bench style: pp / tg tokens/s (mean ± std), roofline, depth sweep;
     --concurrency: many sequences decoded at once."""
     from .. import bench as _bench
@@ -46,6 +49,11 @@ def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, co
                                          param_hint="--concurrency")
             rows = [r for t in threads for r in _bench.bench_concurrency(path, t, levels, n_gen, isa=isa, reps=reps)]
             click.echo(json.dumps({"concurrency": rows}) if as_json else _bench.format_concurrency(rows))
+            return
+        if draft is not None:
+            ref = draft if draft == "lookup" else str(common.resolve_model(draft))
+            rows = [r for t in threads for r in _bench.bench_draft(path, t, ref, n_gen, reps=reps, isa=isa)]
+            click.echo(json.dumps({"draft": rows}) if as_json else _bench.format_draft(rows))
             return
         if compare:
             try:

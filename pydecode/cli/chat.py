@@ -43,6 +43,9 @@ def stats_lines(session: ChatSession) -> list[str]:
             f"prompt:      {s.prompt_tokens} tokens: {new} prefilled new, {s.cached_tokens} reused from cache "
             f"({_ms(s.prefill_s)}, {s.prefill_tokens_per_s:.1f} tokens/s)",
         ]
+        if s.draft_tokens:
+            lines.append(f"drafts:      {s.accepted_tokens} of {s.draft_tokens} accepted "
+                         f"({100 * s.acceptance_rate:.0f}%), {s.tokens_per_pass:.2f} tokens per model pass")
     try:
         used = session.prompt_tokens() if session.history else 0
         lines.append(f"context:     {len(session.history)} messages, {used} of {session.llm.n_ctx} tokens"
@@ -152,7 +155,8 @@ def _repl(session: ChatSession, llm, verbose: bool, banner: str) -> int:
 @common.threads_opt
 @common.ctx_opt
 @common.isa_opt
-def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, isa, **kw):
+@common.draft_opt
+def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, isa, draft, **kw):
     """Chat with MODEL in the terminal.
 
     Interactive when stdin is a terminal: /help lists the commands, Ctrl-C stops an answer,
@@ -174,7 +178,7 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
         if not prompt.strip():
             common.fail(ValueError("nothing to answer: stdin was empty (use -p TEXT, or run in a terminal)"))
     try:
-        llm = common.load_llm(path, n_ctx, threads, isa)
+        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft)
         defaults, source = chat_defaults(llm.model.gguf.metadata)
         flags_given = any(kw.get(k) is not None for k in common.SAMPLING)
         sampling = common.resolve_sampling(kw, defaults)

@@ -130,12 +130,27 @@ def resolve_model(model: str):
     return registry.resolve(model)
 
 
-def load_llm(path, n_ctx, threads, isa, n_seq: int = 1):
+draft_opt = click.option(
+    "--draft", default=None, metavar="lookup|MODEL",
+    help="Speculative decoding, same output, faster where guesses pay: 'lookup' (repeated n-grams "
+         "of the context propose the next tokens) or a smaller model of the same vocabulary "
+         "(registry name or .gguf path, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).")
+
+
+def load_llm(path, n_ctx, threads, isa, n_seq: int = 1, draft: str | None = None):
     """The LLM, with a warning when -c asks for more than the model was trained on."""
     from ..llm import LLM
     from ..model import Model
+    from ..speculative import DraftModel
 
-    llm = LLM(Model(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq))
+    model = Model(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq)
+    try:
+        drafter = None if draft is None else "lookup" if draft == "lookup" else \
+            DraftModel(model, resolve_model(draft))
+        llm = LLM(model, drafter)
+    except BaseException:
+        model.close()
+        raise
     trained = llm.model.config.n_ctx_train
     if n_ctx is not None and n_ctx > trained:
         click.echo(f"warning: -c {n_ctx} is more than the {trained} tokens this model was trained on; "

@@ -22,7 +22,8 @@ def stats_dict(c) -> dict:
     s = c.stats
     d = asdict(s)
     d.update(decode_s=s.decode_s, decode_tokens_per_s=s.decode_tokens_per_s,
-             prefill_tokens_per_s=s.prefill_tokens_per_s)
+             prefill_tokens_per_s=s.prefill_tokens_per_s, acceptance_rate=s.acceptance_rate,
+             tokens_per_pass=s.tokens_per_pass)
     return d
 
 
@@ -42,9 +43,10 @@ def stats_dict(c) -> dict:
 @common.threads_opt
 @common.ctx_opt
 @common.isa_opt
+@common.draft_opt
 @click.option("--stats/--no-stats", default=True, show_default=True, help="Print timing to stderr.")
 def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system, as_json, threads, n_ctx, isa,
-        stats, **kw):
+        draft, stats, **kw):
     """Stream the continuation of PROMPT to stdout: `pydecode run [MODEL] PROMPT` or -p PROMPT.
 
     Greedy by default (the same text every run); --temp and the other sampler flags sample."""
@@ -58,7 +60,7 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
     progress = common.PrefillProgress(enabled=None if not as_json else False)
     try:
         path = common.resolve_model(name)
-        llm = common.load_llm(path, n_ctx, threads, isa)
+        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft)
         if as_chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                        [{"role": "user", "content": prompt}]
@@ -83,5 +85,7 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
                 c.finish_reason + (f" ({c.stop_detail})" if c.stop_detail else "")
             click.echo(f"[{s.prompt_tokens} prompt tokens: {_ms(s.prefill_s)} ({s.prefill_tokens_per_s:.1f} t/s) | "
                        f"{s.generated_tokens} generated: {s.decode_tokens_per_s:.1f} t/s | ttft {_ms(s.ttft_s)} | "
+                       + (f"drafts {s.accepted_tokens}/{s.draft_tokens} accepted, {s.tokens_per_pass:.2f} tokens/pass | "
+                          if s.draft_tokens else "") +
                        f"{llm.model.n_threads} threads, {llm.model.isa} | finish: {finish}]", err=True)
     sys.exit(130 if c.finish_reason == "cancelled" else 0)     # 130: stopped by Ctrl-C
