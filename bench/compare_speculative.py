@@ -35,7 +35,7 @@ ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 def llama_spec(bin_dir, case, target, draft, prompt, threads, n, k):
     exe = "llama-speculative" if case[1] == "model" else "llama-lookup"
     cmd = [os.path.join(bin_dir, exe), "-m", str(target), "-p", prompt, "-n", str(n), "-t", str(threads),
-           "--temp", "0", "-c", "2048", "--spec-draft-n-max", str(k), "-no-cnv"]
+           "--temp", "0", "-c", "2048", "--spec-draft-n-max", str(k)]
     if case[1] == "model":
         cmd += ["-md", str(draft), "-td", str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

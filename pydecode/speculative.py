@@ -312,8 +312,8 @@ class Tuner:
     tokens of a pass with k drafts: (1 - a^(k+1)) / (1 - a)."""
 
     DECAY = 0.9
-    PROBE_EVERY = 8            # steps between one-token probes while speculation does not pay
-    GAIN = 1.05                # expected speedup a pass must promise over a plain step (the
+    PROBE_EVERY = 16           # steps between one-token probes while speculation does not pay
+    GAIN = 1.08                # expected speedup a pass must promise over a plain step (the
                                # measured pass costs leave out the Python side of a pass)
 
     def __init__(self, costs: PassCosts | dict, draft_cost: float, prior=0.6):
