@@ -7,7 +7,9 @@ decodes instead of freezing them, and a cancel or Ctrl-C waits for one chunk at 
 of one sequence's one token is `Model.decode_step`; any other is `Model.batch_step`. Requests
 wait FIFO beyond the slot cap and join between steps; finished or cancelled ones leave at once
 and free their slot. What happens to each sampled token (sampling, stops, detokenizing,
-logprobs) is generation.TokenPolicy, one per sequence.
+logprobs) is generation.TokenPolicy, one per sequence. With a drafter (Engine(draft=...)), a
+decoding sequence's step also carries the tokens it guesses next, verified in the same pass
+(pydecode/speculative.py): the same tokens, several per pass.
 
 Slots are leased from the model's SlotLedger (pydecode/slots.py), which also remembers what
 each slot's cache holds, so a new request takes the free slot sharing the longest prefix with
@@ -358,48 +360,6 @@ class Engine:
             slots.extend([s.slot] * len(toks))
         return tokens, pos, slots, out, first
 
-    def _speculate(self, items):
-        """Outside the lock, before the model call: the decoding sequences that draft get their
-        drafts appended (k chosen by each one's Tuner; the step stays within n_batch)."""
-        spec = [i for i, (s, toks, n) in enumerate(items) if n == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
-        # The first one-token steps run plain: what a pass costs is measured against them.
-        if not spec or (len(items) == 1 and self._costs.seconds(1) is None):
-            return items
-        m = self.model
-        used = sum(len(t) for _, t, _ in items)
-        reqs, props = [], {}
-        for i in spec:
-            s = items[i][0]
-            k_max = min(s.draft_max, m.n_batch - used, m.n_ctx - 1 - len(s.kv),
-                        s.policy.max_tokens - len(s.policy.tokens) - 1)
-            if s.lookup is not None:   # proposals cost nothing: look first, then choose by the match
-                guess, s.spec_key = s.lookup.propose(s.prompt + s.policy.tokens, k_max) if k_max > 0 else ([], 0)
-                k = s.tuner.choose(len(guess), base=used, key=s.spec_key) if guess else 0
-                props[i] = guess[:k]
-            else:
-                k = s.tuner.choose(k_max, base=used)
-            if k:
-                reqs.append((i, k))
-                used += k
-        if not reqs:
-            return items
-        if self.draft != "lookup":
-            ctx = {i: items[i][0].prompt + items[i][0].policy.tokens for i, _ in reqs}
-            got = self.draft.propose_batch([(items[i][0].slot, ctx[i], k) for i, k in reqs])
-            props = {i: p for (i, _), p in zip(reqs, got)}
-            one = self._costs.seconds(1)
-            if one and self.draft.round_s:   # a draft step over a one-token step of the target
-                self.draft.cost = self.draft.round_s / one
-                for i, _ in reqs:
-                    items[i][0].tuner.draft_cost = self.draft.cost
-        items = list(items)
-        for i, p in props.items():
-            if p:
-                s, toks, _ = items[i]
-                items[i] = (s, toks + p, 1 + len(p))
-        return items
-
-
     def _chunk(self) -> int:
         """Prompt tokens the next step may take: prefill_chunk, or what takes about
         PREFILL_STEP_S at the speed measured so far (32 before any measurement)."""
@@ -437,7 +397,8 @@ class Engine:
             if not items:
                 return
             try:
-                items = self._speculate(items)
+                if self.draft is not None:   # outside the lock: a draft model's steps
+                    items = speculative.add_drafts(items, self.model, self.draft, self._costs)
                 tokens, pos, slots, out, first = self._layout(items)
                 for s, toks, _ in items:   # before the call: an interrupt may come once it wrote them
                     s.written = max(s.written, len(s.kv) + len(toks))
@@ -454,16 +415,10 @@ class Engine:
             for (s, toks, n_rows), row in zip(items, first):
                 pieces, used = [], len(toks)
                 try:
+                    n_had = len(s.policy.tokens)
                     if n_rows > 1:   # a verification pass: the longest run the policy agrees with
-                        n_had = len(s.policy.tokens)
-                        pieces, used, rejected = speculative.accept_run(s.policy, logits[row:row + n_rows], toks,
-                                                                       len(s.kv))
-                        st = s.policy.stats
-                        st.draft_tokens += n_rows - 1
-                        st.accepted_tokens += used - 1
-                        s.tuner.update(n_rows - 1, used - 1, rejected, s.spec_key)
+                        pieces, used = speculative.verify(s, logits[row:row + n_rows], toks)
                     elif n_rows:
-                        n_had = len(s.policy.tokens)
                         pieces = s.policy.step(logits[row], len(s.kv) + len(toks),
                                                self.model if summarized else None)
                     if n_rows:

@@ -72,6 +72,17 @@ def accept_run(policy, rows: np.ndarray, toks: list[int], pos: int) -> tuple[lis
     return pieces, len(toks), False
 
 
+def verify(seq, rows: np.ndarray, toks: list[int]) -> tuple[list, int]:
+    """accept_run for an engine sequence (its policy, its position), counting the drafts and the
+    accepted ones in its Stats and its Tuner. Returns (pieces, rows used)."""
+    pieces, used, rejected = accept_run(seq.policy, rows, toks, len(seq.kv))
+    st = seq.policy.stats
+    st.draft_tokens += len(toks) - 1
+    st.accepted_tokens += used - 1
+    seq.tuner.update(len(toks) - 1, used - 1, rejected, seq.spec_key)
+    return pieces, used
+
+
 # ---------------------------------------------------------------- drafters
 
 
@@ -365,3 +376,49 @@ class Tuner:
 def lookup_prior(n: int) -> float:
     """Acceptance a prompt-lookup proposal starts from, by the length of the n-gram it matched."""
     return {1: 0.1, 2: 0.4, 3: 0.6, "copy": 0.5}.get(n, 0.7)
+
+
+# ---------------------------------------------------------------- the engine's side
+
+
+def add_drafts(items, model, draft, costs: PassCosts):
+    """A step's items (seq, tokens, logits rows) with the decoding sequences' drafts appended:
+    each sequence that drafts gets the k its Tuner chooses (0: none), the step staying within
+    n_batch, and needs 1 + k rows. draft: "lookup" or a DraftModel. Called outside the engine's
+    lock, before the model call."""
+    spec = [i for i, (s, toks, n) in enumerate(items) if n == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
+    # The first one-token steps run plain: what a pass costs is measured against them.
+    if not spec or (len(items) == 1 and costs.seconds(1) is None):
+        return items
+    used = sum(len(t) for _, t, _ in items)
+    reqs, props = [], {}
+    for i in spec:
+        s = items[i][0]
+        k_max = min(s.draft_max, model.n_batch - used, model.n_ctx - 1 - len(s.kv),
+                    s.policy.max_tokens - len(s.policy.tokens) - 1)
+        if s.lookup is not None:   # proposals cost nothing: look first, then choose by the match
+            guess, s.spec_key = s.lookup.propose(s.prompt + s.policy.tokens, k_max) if k_max > 0 else ([], 0)
+            k = s.tuner.choose(len(guess), base=used, key=s.spec_key) if guess else 0
+            props[i] = guess[:k]
+        else:
+            k = s.tuner.choose(k_max, base=used)
+        if k:
+            reqs.append((i, k))
+            used += k
+    if not reqs:
+        return items
+    if draft != "lookup":
+        got = draft.propose_batch([(items[i][0].slot, items[i][0].prompt + items[i][0].policy.tokens, k)
+                                   for i, k in reqs])
+        props = {i: p for (i, _), p in zip(reqs, got)}
+        one = costs.seconds(1)
+        if one and draft.round_s:   # a draft step over a one-token step of the target
+            draft.cost = draft.round_s / one
+            for i, _ in reqs:
+                items[i][0].tuner.draft_cost = draft.cost
+    items = list(items)
+    for i, p in props.items():
+        if p:
+            s, toks, _ = items[i]
+            items[i] = (s, toks + p, 1 + len(p))
+    return items

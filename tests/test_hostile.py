@@ -677,7 +677,7 @@ FUZZ = Path(fuzz_targets.__file__)
 # Seconds per target in CI; PYDECODE_FUZZ_SECONDS=N runs each target N seconds instead, and
 # PYDECODE_FUZZ_PLAIN=1 uses the plain mutation loop even where atheris is installed (the ASan
 # stage: gcc's ASan runtime must not meet atheris' libFuzzer).
-FUZZ_BUDGET = {"gguf": 35.0, "tokenizer": 25.0}
+FUZZ_BUDGET = {"gguf": 25.0, "tokenizer": 20.0}
 
 
 def _atheris() -> bool:

@@ -28,7 +28,7 @@ import pydecode
 from pydecode import ModelClosedError
 from pydecode.errors import ContextFullError, ModelError, ModelFileChangedError
 
-STRESS_S = float(os.environ.get("PYDECODE_STRESS_SECONDS", "30"))
+STRESS_S = float(os.environ.get("PYDECODE_STRESS_SECONDS", "20"))
 CLOSE_ROUNDS = int(os.environ.get("PYDECODE_CLOSE_ROUNDS", "50"))
 LONG_PROMPT = int(os.environ.get("PYDECODE_LONG_PROMPT_TOKENS", "6000"))   # seconds of prefill
 TIMEOUT = 120
