@@ -55,7 +55,8 @@ def test_lookup_greedy_equals_plain(name):
 
 
 def test_draft_model_greedy_equals_plain():
-    """Qwen2.5-Coder-1.5B drafted by the 0.5B (same vocabulary), through generate and chat."""
+    """Qwen2.5-Coder-1.5B drafted by the 0.5B (same vocabulary), and by lookup, through generate
+    and chat."""
     target, draft = model_path("qwen2.5-coder-1.5b"), model_path("qwen2.5-coder-0.5b")
     code = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
     msgs = [{"role": "user", "content": "Write a Python function that reverses a string."}]
@@ -63,8 +64,11 @@ def test_draft_model_greedy_equals_plain():
         plain = [llm.generate(code, 32), llm.generate(PROSE, 16), llm.chat(msgs, 24)]
     with pydecode.load(target, n_ctx=512, n_threads=2, draft=draft) as llm:
         got = [llm.generate(code, 32), llm.generate(PROSE, 16), llm.chat(msgs, 24)]
-    for a, b in zip(plain, got):
+    with pydecode.load(target, n_ctx=512, n_threads=2, draft="lookup") as llm:   # and by lookup
+        looked = [llm.generate(code, 32), llm.generate(PROSE, 16), llm.chat(msgs, 24)]
+    for a, b, c in zip(plain, got, looked):
         assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+        assert c.tokens == a.tokens and c.finish_reason == a.finish_reason
     assert sum(c.stats.accepted_tokens for c in got) > 0
 
 
