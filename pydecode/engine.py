@@ -374,7 +374,6 @@ class Engine:
         """The step's one model call; returns its logits rows. With one row of one sequence
         whose sampler can use it, the step also summarizes the logits for the draw."""
         m = self.model
-        items = [(s, toks) for s, toks, _ in items]
         want = items[0][0].policy.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
         if want != self._summ:
             m.set_summary(want)

@@ -42,7 +42,6 @@ from collections import deque
 
 import numpy as np
 
-from ._core import ffi, lib
 from .errors import ModelError
 from .slots import reusable_prefix, ring_extra
 
@@ -95,7 +94,6 @@ class PromptLookup:
     grows with the context (each position indexed once), so a proposal costs O(MAX_N)."""
 
     MAX_N = 4
-    kind = "lookup"
 
     def __init__(self):
         self._index: dict[tuple, int] = {}    # n-gram -> end (exclusive) of its latest occurrence
@@ -133,8 +131,6 @@ class DraftModel:
     slot in a slot of its own (the tokens each holds: `fed`). Shares the target's thread pool and
     lock: drafting and verifying take turns on the same cores."""
 
-    kind = "model"
-
     def __init__(self, target, path):
         from .model import Model
         draft = Model(path, n_ctx=target.n_ctx, n_threads=target.n_threads, n_batch=target.n_batch,
@@ -170,26 +166,19 @@ class DraftModel:
             first = True
             while feeds:
                 t0 = time.perf_counter()
+                for i, toks, p in feeds:                # what each slot holds, once this step wrote
+                    self.fed[reqs[i][0]] = self.fed[reqs[i][0]][:p] + toks
                 if len(feeds) == 1 or sum(len(t) for _, t, _ in feeds) > m.n_batch:
-                    rows = []
-                    for i, toks, p in feeds:            # one sequence (or a long catch-up) alone
-                        self.fed[reqs[i][0]] = self.fed[reqs[i][0]][:p]
-                        rows.append(m.prefill(toks, p, seq=reqs[i][0]) if len(toks) > 1 else
-                                    m.decode_step(toks[0], p, reqs[i][0]))
-                        rows[-1] = int(np.argmax(rows[-1]))
-                        self.fed[reqs[i][0]] += toks
+                    # one sequence (or a long catch-up) alone
+                    rows = [int(np.argmax(m.prefill(toks, p, seq=reqs[i][0]))) for i, toks, p in feeds]
                 else:
                     tokens, pos, seqs, last = [], [], [], []
                     for i, toks, p in feeds:
-                        self.fed[reqs[i][0]] = self.fed[reqs[i][0]][:p]
                         tokens += toks
                         pos += range(p, p + len(toks))
                         seqs += [reqs[i][0]] * len(toks)
                         last.append(len(tokens) - 1)
-                    logits = m.batch_step(tokens, pos, seqs, last)
-                    rows = [int(np.argmax(r)) for r in logits]
-                    for i, toks, p in feeds:
-                        self.fed[reqs[i][0]] += toks
+                    rows = [int(np.argmax(r)) for r in m.batch_step(tokens, pos, seqs, last)]
                 if not first:   # a one-token round (the first also catches up): its time
                     dt = time.perf_counter() - t0
                     self.round_s = dt if self.round_s is None else 0.8 * self.round_s + 0.2 * dt
@@ -239,27 +228,18 @@ def verify_costs(model) -> dict[int, float]:
     if isinstance(known, dict) and all(str(n) in known for n in COST_NS):
         return {n: float(known[str(n)]) for n in COST_NS}
     t0 = time.perf_counter()
-    nmax = max(COST_NS)
-    toks = np.ones(nmax, np.int32)
-    pos = np.arange(nmax, dtype=np.int32)
-    seqs = np.zeros(nmax, np.int32)
-    out_idx = np.arange(nmax, dtype=np.int32)
-    logits = np.empty((nmax, model.n_vocab), np.float32)
-    i32 = "int32_t *"
+    logits = np.empty((max(COST_NS), model.n_vocab), np.float32)
     times: dict[int, list[float]] = {n: [] for n in COST_NS}
-    with model._lock:
-        model._usable(0, None)
-        ptr = model._ptr
-        args = lambda n: (ptr, ffi.cast(i32, toks.ctypes.data), ffi.cast(i32, pos.ctypes.data),
-                          ffi.cast(i32, seqs.ctypes.data), n, ffi.cast(i32, out_idx.ctypes.data), n,
-                          ffi.cast("float *", logits.ctypes.data))
-        lib.pd_batch_step(*args(1))                   # warm-up
-        for _ in range(3):                            # the median of three, alternating sizes
-            for n in COST_NS:
-                t = time.perf_counter()
-                if lib.pd_batch_step(*args(n)) != lib.PD_OK:
-                    model._check(lib.PD_EINVAL)
-                times[n].append(time.perf_counter() - t)
+
+    def step(n):   # n tokens in slot 0 at positions 0..n-1, every row of logits
+        model.batch_step([1] * n, list(range(n)), [0] * n, out=logits)
+
+    step(1)                                           # warm-up
+    for _ in range(3):                                # the median of three, alternating sizes
+        for n in COST_NS:
+            t = time.perf_counter()
+            step(n)
+            times[n].append(time.perf_counter() - t)
     med = {n: float(np.median(v)) for n, v in times.items()}
     ratios = {n: max(1.0, med[n] / med[1]) if n > 1 else 1.0 for n in COST_NS}
     log.info("verification pass costs measured on %s in %.0f ms: %s", cpu_model(),

@@ -139,18 +139,9 @@ draft_opt = click.option(
 
 def load_llm(path, n_ctx, threads, isa, n_seq: int = 1, draft: str | None = None):
     """The LLM, with a warning when -c asks for more than the model was trained on."""
-    from ..llm import LLM
-    from ..model import Model
-    from ..speculative import DraftModel
+    from ..llm import load
 
-    model = Model(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq)
-    try:
-        drafter = None if draft is None else "lookup" if draft == "lookup" else \
-            DraftModel(model, resolve_model(draft))
-        llm = LLM(model, drafter)
-    except BaseException:
-        model.close()
-        raise
+    llm = load(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq, draft=draft)
     trained = llm.model.config.n_ctx_train
     if n_ctx is not None and n_ctx > trained:
         click.echo(f"warning: -c {n_ctx} is more than the {trained} tokens this model was trained on; "
