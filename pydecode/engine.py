@@ -62,6 +62,7 @@ class _Seq:
         self.tuner = None                      # its speculative.Tuner, when it drafts at all
         self.written = 0                       # positions its passes wrote (past kv: rejected drafts)
         self.spec_key = None                   # the kind of its last proposal (Tuner's key)
+        self.waker = None                      # called (under the lock) when pieces arrive or it ends
 
 
 def _abandon(engine_ref, s: _Seq) -> None:
@@ -80,6 +81,15 @@ def _abandon(engine_ref, s: _Seq) -> None:
         eng._cond.notify_all()
     finally:
         eng._cond.release()
+
+
+def _wake(s: _Seq) -> None:
+    """Tells a non-blocking consumer (Handle.set_waker) that its request has news."""
+    if s.waker is not None:
+        try:
+            s.waker()
+        except Exception:   # e.g. its event loop has closed: nobody is listening any more
+            pass
 
 
 class Handle:
@@ -102,6 +112,27 @@ class Handle:
             raise s.error
         raise StopIteration
 
+    def take(self) -> tuple[list[Piece], bool]:
+        """Never waits and never steps: (the pieces produced since the last take, whether the
+        request has ended with all of them taken). For consumers that do not block, such as an
+        event loop, while a driver thread (Engine.start) steps; see set_waker."""
+        s = self._s
+        with self._engine._cond:
+            got = list(s.pieces)
+            s.pieces.clear()
+            return got, s.done
+
+    def set_waker(self, waker) -> None:
+        """waker(): called from the stepping thread whenever new pieces are ready or the request
+        ends (and once now if either is already the case). It runs under the engine's lock, so it
+        must return at once and never call back into the engine: e.g.
+        `lambda: loop.call_soon_threadsafe(event.set)`."""
+        s = self._s
+        with self._engine._cond:
+            s.waker = waker
+            if s.pieces or s.done:
+                _wake(s)
+
     def result(self, timeout: float | None = None) -> Completion:
         """Blocks until the request has ended (TimeoutError after `timeout` seconds) and returns
         its Completion; raises the error that ended it, if one did."""
@@ -111,10 +142,10 @@ class Handle:
             raise s.error
         return s.policy.completion
 
-    def cancel(self) -> None:
+    def cancel(self, detail: str = "cancel()") -> None:
         """Ends the request at the next step boundary (now, if no step is running), keeping what
-        it produced; its slot is freed at once."""
-        self._engine._cancel(self._s, "cancel()")
+        it produced (finish_reason "cancelled", stop_detail `detail`); its slot is freed at once."""
+        self._engine._cancel(self._s, detail)
 
     close = cancel
 
@@ -201,14 +232,15 @@ class Engine:
 
     def submit(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
-               **sampling) -> Handle:
+               ignore_eos: bool = False, **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
         parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
         called as on_prefill(done, total) after each chunk of the prompt (in the stepping thread;
         its errors are ignored), e.g. for a progress bar. draft_tokens: the most tokens a
         drafter (the engine's `draft`) may propose per pass, 0..speculative.MAX_DRAFT (0: decode
-        plainly; default: MAX_DRAFT when the engine has a drafter); the output is the same."""
+        plainly; default: MAX_DRAFT when the engine has a drafter); the output is the same.
+        ignore_eos: generate past end-of-generation tokens, to max_tokens (benchmarks)."""
         m = self.model
         if self._closed:
             raise ModelClosedError("the engine is closed")
@@ -217,7 +249,7 @@ class Engine:
         m.check_file()
         ids = prompt_ids(m.tokenizer, prompt, m.n_vocab)
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, SamplingParams(**sampling),
-                             stop=stop, logprobs=logprobs)
+                             stop=stop, logprobs=logprobs, ignore_eos=ignore_eos)
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
         if self.draft is not None:
@@ -451,6 +483,8 @@ class Engine:
                     s.pieces.extend(pieces)
                     if err is not None or s.policy.completion is not None:
                         self._retire(s, err)
+                    elif pieces:
+                        _wake(s)
                 idle = not self._active
                 self._cond.notify_all()
             if idle and self._summ:   # still inside the step: no other call races it
@@ -476,6 +510,7 @@ class Engine:
         elif s in self._queue:
             self._queue.remove(s)
         s.error, s.done = error, True
+        _wake(s)
 
     def _interrupted(self, s: _Seq) -> None:
         """A KeyboardInterrupt (or another BaseException) reached the thread waiting on `s`:

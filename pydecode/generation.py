@@ -174,20 +174,22 @@ class TokenPolicy:
     the generation has ended (`completion` is set) or `tokens[-1]` must be decoded at `pos`."""
 
     def __init__(self, tokenizer, n_vocab: int, n_ctx: int, prompt: list[int], max_tokens: int,
-                 params: SamplingParams, stop=None, logprobs: int | None = None):
+                 params: SamplingParams, stop=None, logprobs: int | None = None, ignore_eos: bool = False):
         if not prompt:
             raise ValueError("the prompt is empty (no tokens)")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 100):
             raise ValueError(f"logprobs must be an integer in 0..100 or None, got {logprobs!r}")
+        if not isinstance(ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {ignore_eos!r}")
         if len(prompt) > n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}")
         self.tokenizer, self.n_ctx, self.max_tokens, self.logprobs = tokenizer, n_ctx, max_tokens, logprobs
         self.stops = StopStrings(stop)
         self.sampler = Sampler(params, n_vocab)
         self.detok = tokenizer.decoder(skip_special=True)
-        self.eog = tokenizer.eog_ids
+        self.eog = frozenset() if ignore_eos else tokenizer.eog_ids
         self.recent = list(prompt[-params.repeat_last_n:]) if params.penalized else None
         self.tokens: list[int] = []
         self.stats = Stats(prompt_tokens=len(prompt))

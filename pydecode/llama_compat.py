@@ -12,12 +12,11 @@ Constructor arguments that only mean something to llama.cpp's GPU or memory mach
 from __future__ import annotations
 
 import sys
-import time
-import uuid
 from typing import Iterator
 
 import numpy as np
 
+from . import openai_format as oai
 from .llm import LLM, load
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -31,10 +30,6 @@ _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_serve
             "op_offload", "swa_full", "no_perf", "last_n_tokens_size", "lora_base", "lora_scale", "lora_path",
             "numa", "chat_handler", "tokenizer", "type_k", "type_v", "spm_infill",
             "chat_template_kwargs"}
-
-
-def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
 
 
 def _drain(handle):
@@ -152,19 +147,6 @@ class Llama:
         room = max(1, self._llm.n_ctx - n_prompt)
         return room if max_tokens is None or max_tokens <= 0 else int(max_tokens)
 
-    def _logprob_dict(self, pieces, n: int, offset0: int) -> dict:
-        tok, out, offset = self._llm.tokenizer, {"tokens": [], "text_offset": [], "token_logprobs": [],
-                                                 "top_logprobs": []}, offset0
-        for p in pieces:
-            if p.token < 0:
-                continue
-            out["tokens"].append(tok.decode([p.token]))
-            out["text_offset"].append(offset)
-            out["token_logprobs"].append(p.logprob)
-            out["top_logprobs"].append({tok.decode([t]): lp for t, lp in (p.top_logprobs or [])[:n]})
-            offset += len(p.text)
-        return out
-
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
                           typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
@@ -179,18 +161,17 @@ class Llama:
                             presence_penalty, seed)
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop),
                             logprobs=logprobs, draft_tokens=self._draft_tokens, **kw)
-        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
-                "model": model or self.model_path}
+        head = oai.head("text_completion", model or self.model_path)
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
         if stream:
             return self._stream_completion(handle, head, prompt_text if echo else "", logprobs)
         pieces, c = _drain(handle)
         text = (prompt_text if echo else "") + c.text
-        lp = self._logprob_dict(pieces, logprobs, len(prompt_text) if echo else 0) if logprobs is not None else None
+        lp = oai.completion_logprobs(llm.tokenizer, pieces, logprobs, len(prompt_text) if echo else 0) \
+            if logprobs is not None else None
         return {**head, "choices": [{"text": text, "index": 0, "logprobs": lp,
-                                     "finish_reason": _finish(c.finish_reason)}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(c.tokens),
-                          "total_tokens": len(ids) + len(c.tokens)}}
+                                     "finish_reason": oai.finish_reason(c.finish_reason)}],
+                "usage": oai.usage(len(ids), len(c.tokens))}
 
     def _stream_completion(self, handle, head, echo_text, logprobs) -> Iterator[dict]:
         try:
@@ -200,12 +181,13 @@ class Llama:
             for p in handle:
                 if not p.text:
                     continue
-                lp = self._logprob_dict([p], logprobs, offset) if logprobs is not None else None
+                lp = oai.completion_logprobs(self._llm.tokenizer, [p], logprobs, offset) \
+                    if logprobs is not None else None
                 offset += len(p.text)
                 yield {**head, "choices": [{"text": p.text, "index": 0, "logprobs": lp, "finish_reason": None}]}
             c = handle.completion
             yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
-                                        "finish_reason": _finish(c.finish_reason)}]}
+                                        "finish_reason": oai.finish_reason(c.finish_reason)}]}
         finally:
             handle.cancel()
 
@@ -231,40 +213,27 @@ class Llama:
         n_top = (top_logprobs or 0) if logprobs else None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
                             draft_tokens=self._draft_tokens, **kw)
-        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": model or self.model_path}
         if stream:
-            return self._stream_chat(handle, head, n_top)
+            return self._stream_chat(handle, oai.head("chat.completion.chunk", model or self.model_path), n_top)
         pieces, c = _drain(handle)
-        return {**head, "object": "chat.completion",
+        return {**oai.head("chat.completion", model or self.model_path),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": self._chat_logprobs(pieces, n_top) if n_top is not None else None,
-                             "finish_reason": _finish(c.finish_reason)}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(c.tokens),
-                          "total_tokens": len(ids) + len(c.tokens)}}
-
-    def _chat_logprobs(self, pieces, n: int) -> dict:
-        tok = self._llm.tokenizer
-
-        def entry(t, lp):
-            return {"token": tok.decode([t]), "logprob": lp, "bytes": list(tok.token_bytes(t))}
-
-        return {"content": [{**entry(p.token, p.logprob), "top_logprobs": [entry(t, lp) for t, lp in
-                                                                           (p.top_logprobs or [])[:n]]}
-                            for p in pieces if p.token >= 0]}
+                             "logprobs": oai.chat_logprobs(llm.tokenizer, pieces, n_top) if n_top is not None else None,
+                             "finish_reason": oai.finish_reason(c.finish_reason)}],
+                "usage": oai.usage(len(ids), len(c.tokens))}
 
     def _stream_chat(self, handle, head, n_top) -> Iterator[dict]:
-        head = {**head, "object": "chat.completion.chunk"}
         try:
             yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                         "finish_reason": None}]}
             for p in handle:
                 if not p.text:
                     continue
-                lp = self._chat_logprobs([p], n_top) if n_top is not None else None
+                lp = oai.chat_logprobs(self._llm.tokenizer, [p], n_top) if n_top is not None else None
                 yield {**head, "choices": [{"index": 0, "delta": {"content": p.text}, "logprobs": lp,
                                             "finish_reason": None}]}
             c = handle.completion
             yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                        "finish_reason": _finish(c.finish_reason)}]}
+                                        "finish_reason": oai.finish_reason(c.finish_reason)}]}
         finally:
             handle.cancel()

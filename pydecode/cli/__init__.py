@@ -11,6 +11,7 @@ from .chat import chat
 from .info import info
 from .models import list_models, pull
 from .run import run
+from .serve import serve
 from .verify import verify
 
 DEFAULT_MODEL = common.DEFAULT_MODEL
@@ -23,7 +24,7 @@ def main():
     common.install_sigterm()
 
 
-for _command in (run, chat, info, verify, bench, pull, list_models):
+for _command in (run, chat, serve, info, verify, bench, pull, list_models):
     main.add_command(_command)
 
 __all__ = ["main", "DEFAULT_MODEL"]

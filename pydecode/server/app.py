@@ -1,0 +1,387 @@
+"""`pydecode serve`'s HTTP routes (Starlette): OpenAI's completions and chat completions, models,
+health, metrics, tokenize / detokenize.
+
+Every generation is an Engine submission (llm.stream); the Engine's driver thread steps the
+whole batch, and the event loop only waits for pieces (Handle.take / set_waker), so one slow or
+vanished client never holds up the others. A request that ends early (its client disconnects,
+or the server shuts down) cancels its sequences at the next step, which frees their slots.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import openai_format as oai
+from ..chat.templates import TemplateError
+from ..errors import ContextFullError, ModelClosedError, QueueFullError
+from . import params
+from .params import APIError, bad
+from .state import ServerState
+from .streams import DONE, ClientGone, EventStream, collect, failure, sse, text_chunks
+
+PUBLIC = ("/health",)      # answered without the API key
+
+
+# ---------------------------------------------------------------- reading requests
+
+async def read_json(request: Request, cap: int) -> dict:
+    """The body as a JSON object, read up to `cap` bytes (413 beyond: a huge body is refused
+    before it is all held in memory)."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > cap:
+        raise APIError(413, f"the request body is {int(size)} bytes; this server takes at most {cap} "
+                            f"(--max-body)", code="body_too_large")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > cap:
+            raise APIError(413, f"the request body is over {cap} bytes (--max-body)", code="body_too_large")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as e:   # bad JSON, bad UTF-8, nesting past Python's stack
+        raise APIError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}",
+                       code="invalid_json")
+    return body
+
+
+def check_model(state: ServerState, body: dict) -> None:
+    name = body.get("model")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise bad("model", f"must be a string, got {name!r}")
+    if name not in state.names:
+        raise APIError(404, f"the model {name!r} is not served here; this server serves {state.model_id!r} "
+                            f"(GET /v1/models)", param="model", code="model_not_found")
+
+
+def _param_of(e: ValueError) -> str | None:
+    """The parameter an API ValueError names (its messages start with it: 'top_p must ...')."""
+    word = str(e).split(" ", 1)[0]
+    return word if word.isidentifier() else None
+
+
+def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str) -> list:
+    """Queues n sequences per prompt; on any refusal, none stays queued."""
+    handles = []
+    try:
+        for ids in prompts:
+            if len(ids) > llm.n_ctx:
+                raise APIError(400, f"{what}: the prompt has {len(ids)} tokens but the context holds "
+                                    f"{llm.n_ctx} (-c)", param=what, code="context_length_exceeded")
+            max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
+            for i in range(g.n):
+                handles.append(llm.engine.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
+                                                 ignore_eos=g.ignore_eos, **{**g.sampling, "seed": g.seed(i)}))
+    except QueueFullError as e:
+        _cancel(handles)
+        raise APIError(429, f"the server is busy: {e}; retry later", code="queue_full") from None
+    except ContextFullError as e:
+        _cancel(handles)
+        raise APIError(400, f"{what}: {e}", param=what, code="context_length_exceeded") from None
+    except ModelClosedError:
+        _cancel(handles)
+        raise APIError(503, "the server is shutting down", code="shutting_down") from None
+    except (ValueError, TypeError) as e:
+        _cancel(handles)
+        raise APIError(400, str(e), param=_param_of(e), code="invalid_value") from None
+    except BaseException:
+        _cancel(handles)
+        raise
+    state.live.update(handles)
+    return handles
+
+
+def _cancel(handles) -> None:
+    for h in handles:
+        h.cancel()
+
+
+# ---------------------------------------------------------------- the OpenAI routes
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    llm = state.model()
+    body = await read_json(request, state.max_body)
+    check_model(state, body)
+    g = params.generation(body, chat=False, default_max_tokens=16)   # OpenAI's default for completions
+    echo = params.flag(body, "echo", False)
+    if body.get("suffix"):
+        raise bad("suffix", "insertion (fill in the middle) is not supported by this server", "unsupported")
+    given = params.prompts(body, llm.model.n_vocab)
+    ids = await run_in_threadpool(lambda: [llm.tokenize(p) if isinstance(p, str) else p for p in given])
+    texts = [p if isinstance(p, str) else llm.detokenize(p) for p in given] if echo else None
+    handles = submit(state, llm, ids, g, "prompt")
+    model, tok = body.get("model") or state.model_id, llm.tokenizer
+
+    def choice(k, text, lp, finish):
+        return {"text": text, "index": k, "logprobs": lp, "finish_reason": finish}
+
+    def logprobs(pieces, offset):
+        return oai.completion_logprobs(tok, pieces, g.logprobs, offset) if g.logprobs is not None else None
+
+    if g.stream:
+        head = oai.head("text_completion", model)
+
+        async def stream():
+            offsets = [len(texts[k // g.n]) if echo else 0 for k in range(len(handles))]
+            if echo:
+                for k in range(len(handles)):
+                    yield sse({**head, "choices": [choice(k, texts[k // g.n], None, None)]})
+            async for k, chunk in text_chunks(handles):
+                if isinstance(chunk, APIError):
+                    yield sse(chunk.body())
+                elif isinstance(chunk, str):     # the finish reason
+                    yield sse({**head, "choices": [choice(k, "", None, chunk)]})
+                else:
+                    text = "".join(p.text for p in chunk)
+                    yield sse({**head, "choices": [choice(k, text, logprobs(chunk, offsets[k]), None)]})
+                    offsets[k] += len(text)
+            if g.include_usage:
+                yield sse({**head, "choices": [], "usage": _usage(handles, g.n)})
+            yield DONE
+
+        return _streamed(state, handles, stream())
+
+    pieces = await _finished(state, request, handles)
+    choices = []
+    for k, (h, ps) in enumerate(zip(handles, pieces)):
+        prefix = texts[k // g.n] if echo else ""
+        c = h.completion
+        choices.append(choice(k, prefix + c.text, logprobs(ps, len(prefix)), oai.finish_reason(c.finish_reason)))
+    return JSONResponse({**oai.head("text_completion", model), "system_fingerprint": state.fingerprint,
+                         "choices": choices, "usage": _usage(handles, g.n)})
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    llm = state.model()
+    body = await read_json(request, state.max_body)
+    check_model(state, body)
+    g = params.generation(body, chat=True, default_max_tokens=None)
+    msgs = params.messages(body)
+    try:
+        ids = await run_in_threadpool(llm.chat_tokens, msgs)
+    except (TemplateError, ValueError) as e:
+        raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
+    handles = submit(state, llm, [ids], g, "messages")
+    model, tok = body.get("model") or state.model_id, llm.tokenizer
+
+    def logprobs(pieces):
+        return oai.chat_logprobs(tok, pieces, g.logprobs) if g.logprobs is not None else None
+
+    if g.stream:
+        head = oai.head("chat.completion.chunk", model)
+
+        def chunk(k, delta, lp=None, finish=None):
+            return sse({**head, "system_fingerprint": state.fingerprint,
+                        "choices": [{"index": k, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+
+        async def stream():
+            for k in range(len(handles)):
+                yield chunk(k, {"role": "assistant", "content": ""})
+            async for k, c in text_chunks(handles):
+                if isinstance(c, APIError):
+                    yield sse(c.body())
+                elif isinstance(c, str):
+                    yield chunk(k, {}, finish=c)
+                else:
+                    yield chunk(k, {"content": "".join(p.text for p in c)}, logprobs(c))
+            if g.include_usage:
+                yield sse({**head, "choices": [], "usage": _usage(handles, g.n)})
+            yield DONE
+
+        return _streamed(state, handles, stream())
+
+    pieces = await _finished(state, request, handles)
+    choices = [{"index": k, "message": {"role": "assistant", "content": h.completion.text},
+                "logprobs": logprobs(ps), "finish_reason": oai.finish_reason(h.completion.finish_reason)}
+               for k, (h, ps) in enumerate(zip(handles, pieces))]
+    return JSONResponse({**oai.head("chat.completion", model), "system_fingerprint": state.fingerprint,
+                         "choices": choices, "usage": _usage(handles, g.n)})
+
+
+def _usage(handles, n: int) -> dict:
+    """Prompt tokens counted once per prompt (its n choices share it), completion tokens of all."""
+    done = [h.completion for h in handles if h.completion is not None]
+    firsts = [c for k, c in enumerate(done) if k % n == 0]
+    return oai.usage(sum(c.stats.prompt_tokens for c in firsts), sum(len(c.tokens) for c in done),
+                     sum(c.stats.cached_tokens for c in firsts))
+
+
+def _ended(state: ServerState, handles) -> None:
+    """A request's sequences are over, or abandoned (its client left): cancel what runs."""
+    for h in handles:
+        if not h.done:
+            h.cancel("the client disconnected")
+    state.settle(handles)
+
+
+def _streamed(state: ServerState, handles, body) -> Response:
+    return EventStream(body, on_close=lambda: _ended(state, handles))
+
+
+async def _finished(state: ServerState, request: Request, handles) -> list[list]:
+    try:
+        pieces = await collect(request, handles)
+    except ClientGone:
+        raise APIError(499, "the client disconnected", code="client_disconnected") from None
+    finally:
+        _ended(state, handles)
+    for h in handles:
+        err = failure(h)
+        if err is not None:
+            raise err
+    return pieces
+
+
+# ---------------------------------------------------------------- the other routes
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "pydecode"}
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    name = request.path_params["name"]
+    if name not in state.names:
+        raise APIError(404, f"the model {name!r} is not served here; this server serves {state.model_id!r}",
+                       param="model", code="model_not_found")
+    return JSONResponse(_model_card(state))
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    if state.status == "ok":
+        e = state.llm.engine
+        return JSONResponse({"status": "ok", "model": state.model_id, "active": e.n_active, "queued": e.n_queued,
+                             "slots": e.max_seqs})
+    if state.status == "error":
+        return JSONResponse({"status": "error", "message": state.error}, 500)
+    return JSONResponse({"status": state.status}, 503)
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    return Response(state.metrics.text(), media_type=state.metrics.content_type)
+
+
+async def tokenize(request: Request) -> Response:
+    """llama-server's /tokenize: {"content", "add_special" (default true), "with_pieces"}."""
+    state: ServerState = request.app.state.pd
+    llm = state.model()
+    body = await read_json(request, state.max_body)
+    text = params.text_field(body, "content")
+    add_special = params.flag(body, "add_special", True)
+    with_pieces = params.flag(body, "with_pieces", False)
+    ids = await run_in_threadpool(llm.tokenize, text, add_special)
+    if with_pieces:
+        return JSONResponse({"tokens": [{"id": t, "piece": llm.detokenize([t])} for t in ids]})
+    return JSONResponse({"tokens": ids})
+
+
+async def detokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.pd
+    llm = state.model()
+    body = await read_json(request, state.max_body)
+    ids = params.tokens_field(body, "tokens", llm.model.n_vocab)
+    return JSONResponse({"content": llm.detokenize(ids)})
+
+
+# ---------------------------------------------------------------- the app
+
+class Guard:
+    """Outermost: the API key on every route but /health (compared in constant time), and each
+    answer counted in /metrics by route and status."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.state.api_key is not None and scope["path"] not in PUBLIC and scope["method"] != "OPTIONS" \
+                    and not self._authorized(scope):
+                err = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                               code="invalid_api_key")
+                await JSONResponse(err.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, counted)
+            else:
+                await self.app(scope, receive, counted)
+        finally:
+            self.state.metrics.count_request(scope["path"], status[0])
+
+    def _authorized(self, scope) -> bool:
+        given = b""
+        for k, v in scope.get("headers", ()):
+            if k == b"authorization":
+                given = v
+        scheme, _, key = given.partition(b" ")
+        # compare_digest takes time independent of where the keys differ.
+        return hmac.compare_digest(key.strip(), self.state.api_key) and scheme.lower() == b"bearer"
+
+
+async def _api_error(request: Request, e: APIError) -> Response:
+    if e.status == 499:
+        return Response(status_code=499)
+    return JSONResponse(e.body(), e.status)
+
+
+async def _http_error(request: Request, e: HTTPException) -> Response:
+    if e.status_code == 404:
+        msg, code = f"no route {request.method} {request.url.path}", "unknown_route"
+    elif e.status_code == 405:
+        msg, code = f"{request.url.path} does not take {request.method}", "method_not_allowed"
+    else:
+        msg, code = str(e.detail), None
+    return JSONResponse(APIError(e.status_code, msg, code=code).body(), e.status_code, headers=e.headers)
+
+
+async def _server_error(request: Request, e: Exception) -> Response:
+    err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+    return JSONResponse(err.body(), 500)
+
+
+def create_app(state: ServerState, cors_origins=()):
+    """The ASGI application over `state` (its model may load later: see ServerState.ready)."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{name:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+    ]
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                             allow_headers=["*"])] if cors_origins else []
+    app = Starlette(routes=routes, middleware=middleware,
+                    exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    app.state.pd = state
+    return Guard(app, state)

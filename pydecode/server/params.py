@@ -1,0 +1,250 @@
+"""The request bodies of `pydecode serve`, checked: OpenAI's fields (and a few of llama.cpp's) ->
+what LLM.stream takes. Every refusal is an APIError naming the field (OpenAI's `param`), raised
+before anything is queued.
+
+Fields that change nothing here (user, metadata, store, service_tier, ...) are accepted and
+ignored, as OpenAI-compatible servers do; fields that would change the output but are not
+supported (tools, logit_bias, response_format other than text, suffix, best_of > n) are refused,
+never silently dropped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_N = 16              # choices per request (n)
+MAX_STOPS = 16          # stop strings per request (OpenAI allows 4)
+MAX_TOP_LOGPROBS = 20
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class APIError(Exception):
+    """An HTTP error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             500: "server_error", 503: "unavailable_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or self.TYPES.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, code: str | None = None) -> APIError:
+    return APIError(400, f"{param}: {message}", param=param, code=code or "invalid_value")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _number(body, name, default, lo=None, hi=None, lo_open=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_number(v):
+        raise bad(name, f"must be a number, got {v!r}")
+    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
+        raise bad(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def _int(body, name, default, lo=None, hi=None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise bad(name, f"must be an integer, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise bad(name, f"must be an integer {rng}, got {v!r}")
+    return v
+
+
+def _bool(body, name, default=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(name, f"must be true or false, got {v!r}")
+    return v
+
+
+@dataclass
+class Generation:
+    """What one request asks of each of its sequences."""
+
+    max_tokens: int | None         # None: until the context is full
+    sampling: dict                 # LLM.stream's sampling keywords (seed: of the first choice)
+    stop: list[str] | None
+    logprobs: int | None           # top alternatives per token, or None for no logprobs
+    n: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+    def seed(self, i: int) -> int | None:
+        """Choice i's seed: the request's + i, so that n choices differ and each is reproducible."""
+        s = self.sampling["seed"]
+        return None if s is None else (s + i) % 2**64
+
+
+def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Generation:
+    """The fields /v1/completions and /v1/chat/completions share (chat: the chat endpoint's
+    spelling of max_tokens and logprobs)."""
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise bad(name, "tool and function calling are not supported by this server", "unsupported")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise bad("tool_choice", "tool calling is not supported by this server", "unsupported")
+    if body.get("logit_bias"):
+        raise bad("logit_bias", "is not supported by this server", "unsupported")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise bad("response_format", "only {\"type\": \"text\"} is supported by this server", "unsupported")
+
+    max_tokens = _int(body, "max_tokens", default_max_tokens, lo=1)
+    if chat:
+        max_tokens = _int(body, "max_completion_tokens", max_tokens, lo=1)
+    n = _int(body, "n", 1, lo=1, hi=MAX_N)
+    if not chat:
+        best_of = _int(body, "best_of", n, lo=1)
+        if best_of != n:
+            raise bad("best_of", f"must equal n ({n}) here: candidates are not ranked server-side", "unsupported")
+
+    temperature = _number(body, "temperature", 1.0, lo=0.0, hi=1e6)
+    top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
+    top_k = _int(body, "top_k", 0)
+    if top_p == 0.0:            # OpenAI allows 0: only the most likely token
+        top_p, top_k = 1.0, 1
+    top_k = max(0, top_k)       # llama.cpp's spelling of "off" is <= 0
+    seed = _int(body, "seed", None)
+    sampling = dict(
+        temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=_number(body, "min_p", 0.0, lo=0.0, hi=1.0),
+        repeat_penalty=_number(body, "repeat_penalty", 1.0, lo=0.0, hi=1e6, lo_open=True),
+        repeat_last_n=_int(body, "repeat_last_n", 64, lo=0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        seed=None if seed is None else seed % 2**64)
+
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise bad("stop", f"must be a string or a list of strings, got {body['stop']!r}")
+        if len(stop) > MAX_STOPS:
+            raise bad("stop", f"at most {MAX_STOPS} stop strings, got {len(stop)}")
+        if any(not s for s in stop):
+            raise bad("stop", "stop strings must not be empty")
+        stop = stop or None
+
+    if chat:
+        want = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+        if top is not None and not want:
+            raise bad("top_logprobs", "needs logprobs: true")
+        logprobs = (top or 0) if want else None
+    else:
+        if isinstance(body.get("logprobs"), bool):
+            raise bad("logprobs", "must be an integer (the alternatives per token, 0.."
+                      f"{MAX_TOP_LOGPROBS}) for /v1/completions, got {body['logprobs']!r}")
+        logprobs = _int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("stream_options", f"must be an object, got {opts!r}")
+    include_usage = _bool(opts or {}, "include_usage")
+    return Generation(max_tokens, sampling, stop, logprobs, n, stream, include_usage,
+                      _bool(body, "ignore_eos"))
+
+
+def prompts(body: dict, n_vocab: int) -> list[str | list[int]]:
+    """/v1/completions' prompt: a string, a list of strings, a list of token ids, or a list of
+    lists of token ids; each is one prompt (its choices follow each other in `choices`)."""
+    p = body.get("prompt")
+    if p is None:
+        raise bad("prompt", "is required", "missing")
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list) and p:
+        if all(isinstance(x, str) for x in p):
+            return list(p)
+        if all(_is_int(x) for x in p):
+            p = [p]
+        if all(isinstance(x, list) and x and all(_is_int(t) for t in x) for x in p):
+            for x in p:
+                bad_ids = [t for t in x if not 0 <= t < n_vocab]
+                if bad_ids:
+                    raise bad("prompt", f"token id {bad_ids[0]} is outside the vocabulary (0..{n_vocab - 1})")
+            return [list(x) for x in p]
+    raise bad("prompt", "must be a non-empty string, list of strings, list of token ids or list of such lists")
+
+
+def messages(body: dict) -> list[dict]:
+    """/v1/chat/completions' messages, for the chat template: each {"role", "content": str};
+    content given as parts keeps its text parts (joined by newlines); "developer" is a system
+    message (OpenAI's newer name for it)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects",
+                  "missing" if msgs is None else None)
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, f"must be an object with a role and a content, got {m!r}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        content = m.get("content")
+        if content is None:
+            if role != "assistant":
+                raise bad(f"{where}.content", "is required")
+            content = ""
+        elif isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif kind in ("image_url", "input_image", "input_audio", "file"):
+                    raise bad(f"{where}.content[{j}]", f"this model reads text only, not {kind}", "unsupported")
+                else:
+                    raise bad(f"{where}.content[{j}]", f"must be a {{\"type\": \"text\", \"text\": ...}} part, got {part!r}")
+            content = "\n".join(texts)
+        elif not isinstance(content, str):
+            raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def tokens_field(body: dict, name: str, n_vocab: int) -> list[int]:
+    v = body.get(name)
+    if not isinstance(v, list) or not all(_is_int(t) for t in v):
+        raise bad(name, f"must be a list of token ids, got {v!r}")
+    for t in v:
+        if not 0 <= t < n_vocab:
+            raise bad(name, f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
+    return v
+
+
+def text_field(body: dict, name: str) -> str:
+    v = body.get(name)
+    if not isinstance(v, str):
+        raise bad(name, f"must be a string, got {v!r}", "missing" if v is None else None)
+    return v
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    return _bool(body, name, default)

@@ -1,0 +1,119 @@
+"""Running the server: bind at once, load the model in the background (/health says 503
+"loading" meanwhile), serve until SIGTERM or Ctrl-C, then end the streams in flight with a final
+chunk and exit 0 within a few seconds."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+
+import uvicorn
+
+from .app import create_app
+from .state import ServerState
+
+GRACE_S = 5          # after a stop signal, how long in-flight responses get to send their last chunk
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, told about the stop signal (to end the streams in flight) and not
+    re-raising it afterwards (the process exits 0 once it has shut down cleanly)."""
+
+    def __init__(self, config, state: ServerState):
+        super().__init__(config)
+        self.state, self.loop = state, None
+
+    async def startup(self, sockets=None):
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        self.stop_generations()
+
+    def stop_generations(self):
+        if self.loop is not None:   # the signal handler may interrupt anything: defer to the loop
+            try:
+                self.loop.call_soon_threadsafe(self.state.shutdown)
+            except RuntimeError:    # the loop has closed already
+                pass
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (port 0: any free one), or OSError naming the address."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)   # connections queue from now on, even before uvicorn accepts them
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, aliases=(), api_key=None,
+          max_body: int = 8 << 20, max_queue: int | None = 256, cors=(), log=None, verbose: bool = False) -> int:
+    """Serves the LLM that load() returns (called in a background thread) until a stop signal;
+    returns the exit status: 0, or 1 if the model failed to load."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    state = ServerState(model_id, aliases, api_key, max_body)
+    config = uvicorn.Config(create_app(state, cors), host=host, port=port, lifespan="off",
+                            log_level="info" if verbose else "warning", access_log=verbose,
+                            timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)
+    server = _Server(config, state)
+    sock = bind(host, port)
+    where = sock.getsockname()
+    shown = f"[{where[0]}]" if sock.family == socket.AF_INET6 else where[0]
+    log(f"pydecode serve: listening on http://{shown}:{where[1]} (loading {model_id}; GET /health says when ready)")
+
+    def load_in_background():
+        try:
+            llm = load()
+        except BaseException as e:   # its message is the whole story: no traceback
+            state.failed(str(e) or type(e).__name__)
+            log(f"pydecode serve: error: the model failed to load: {state.error}")
+            server.should_exit = True
+            return
+        if server.should_exit:       # stopped while it loaded
+            llm.close()
+            return
+        if max_queue is not None:
+            llm.engine.max_queue = max_queue
+        llm.engine.start()
+        state.ready(llm)
+        m = llm.model
+        log(f"pydecode serve: ready: {model_id} ({m.config.arch}, {m.n_threads} threads, {m.isa}, "
+            f"{llm.engine.max_seqs} sequences of {m.n_ctx} tokens)")
+
+    loader = threading.Thread(target=load_in_background, name="pydecode-load", daemon=True)
+    loader.start()
+    logging.getLogger("uvicorn.error").setLevel(logging.INFO if verbose else logging.WARNING)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        state.shutdown()
+        if state.llm is not None:
+            state.llm.close()
+        sock.close()
+    if state.status == "error":
+        return 1
+    log("pydecode serve: stopped")
+    return 0

@@ -1,0 +1,72 @@
+"""What `pydecode serve`'s routes share: the model once it has loaded, the names it answers to,
+the API key, the generations in flight, the metrics."""
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+
+from .. import __version__
+from .metrics import Metrics
+from .params import APIError
+
+SHUTDOWN_DETAIL = "the server is shutting down"
+
+
+class ServerState:
+    """What the routes share: the model once loaded, its names, the API key, the generations in
+    flight (ended at shutdown), the metrics."""
+
+    def __init__(self, model_id: str, aliases=(), api_key: str | None = None, max_body: int = 8 << 20):
+        self.model_id = model_id
+        self.names = {model_id, *aliases}
+        self.llm = None
+        self.status = "loading"          # loading -> ok -> shutting down; or error
+        self.error: str | None = None
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body = max_body
+        self.created = int(time.time())
+        self.live: set = set()           # Handles of the requests in flight
+        self.fingerprint = f"pydecode-{__version__}"
+        self.metrics = Metrics(self)
+        self._counted = weakref.WeakSet()   # handles whose generation the metrics have seen
+
+    def ready(self, llm) -> None:
+        self.llm, self.status = llm, "ok"
+        self.fingerprint = f"pydecode-{__version__}-{llm.model.isa}"
+
+    def failed(self, message: str) -> None:
+        self.status, self.error = "error", message
+
+    def settle(self, handles) -> None:
+        """(On the event loop.) A request is over: its handles leave the in-flight set, and each
+        generation is counted in the metrics once it has ended (a cancelled one, at its next step)."""
+        loop = asyncio.get_running_loop()
+        for h in handles:
+            self.live.discard(h)
+            if h.done:
+                self._count(h)
+            else:
+                h.set_waker(lambda h=h: loop.call_soon_threadsafe(self._count, h))
+
+    def _count(self, h) -> None:
+        if h.done and h.error is None and h not in self._counted:
+            self._counted.add(h)
+            self.metrics.observe(h.completion)
+
+    def shutdown(self) -> None:
+        """Stops taking requests and ends every generation in flight at its next step (each
+        stream then sends its final chunk, finish_reason "length")."""
+        if self.status != "error":
+            self.status = "shutting down"
+        for h in list(self.live):
+            h.cancel(SHUTDOWN_DETAIL)
+
+    def model(self):
+        """The LLM, or the 503 that says why there is none to use."""
+        if self.status == "ok" and self.llm is not None and not self.llm.closed:
+            return self.llm
+        why = {"loading": ("the model is still loading; GET /health says when it is ready", "model_loading"),
+               "shutting down": ("the server is shutting down", "shutting_down")}.get(
+            self.status, (f"the model failed to load: {self.error}", "model_failed"))
+        raise APIError(503, why[0], code=why[1])
