@@ -7,6 +7,7 @@ checked by its author); the tolerance only leaves room for summation order shoul
 """
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -243,6 +244,32 @@ def test_threads_submit_while_a_driver_runs(model, ref):
     for outs in results.values():
         for p, out in outs:
             _check(out, ref, p)
+
+
+def test_take_and_waker_never_block(model, ref):
+    """Handle.take() returns what is ready without stepping; the waker fires from the driver
+    whenever pieces arrive or the request ends (an event loop's consumer: pydecode/server)."""
+    eng = Engine(model)
+    h = eng.submit(PROMPTS[0], N)
+    assert h.take() == ([], False)            # no driver: nothing ran, nothing waited
+    woke = threading.Event()
+    h.set_waker(woke.set)
+    assert not woke.is_set()
+    pieces = []
+    with eng:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            assert woke.wait(TIMEOUT)
+            woke.clear()
+            got, done = h.take()
+            pieces += got
+            if done:
+                break
+    assert "".join(p.text for p in pieces) == h.completion.text
+    _check(h.completion, ref, PROMPTS[0])
+    late = threading.Event()
+    h.set_waker(late.set)                     # already over: called at once
+    assert late.is_set() and h.take() == ([], True)
 
 
 def test_consumers_drive_cooperatively(model, ref):
