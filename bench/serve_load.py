@@ -11,7 +11,7 @@ pydecode serve gets --n-seq N and -c CTX (per sequence); llama-server gets --par
 asks for a fixed number of tokens (ignore_eos, which both servers take), drawn per request from
 --max-tokens, so both generate the same work. Sampling: temperature 0.7, top-k 40, top-p 0.95,
 a seed per request. TTFT is measured to the first chunk that carries text, ITL between chunks
-that carry text, both on the client.
+that carry text, both on the client. Needs httpx (in the test extra: pip install '.[test]').
 """
 from __future__ import annotations
 

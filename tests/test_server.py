@@ -17,12 +17,11 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import pydecode
-
-openai = pytest.importorskip("openai")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 MODEL = "smollm2-135m"
 KEY = "test-key-123"
