@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from .. import openai_format as oai
 from ..chat.templates import TemplateError
-from ..errors import ContextFullError, ModelClosedError, QueueFullError
+from ..errors import ContextFullError, ModelClosedError, ModelError, QueueFullError
 from . import params
 from .params import APIError, bad
 from .state import ServerState
@@ -65,10 +65,14 @@ def check_model(state: ServerState, body: dict) -> None:
                             f"(GET /v1/models)", param="model", code="model_not_found")
 
 
+FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
+          "presence_penalty", "frequency_penalty", "seed", "stop", "logprobs", "ignore_eos"}
+
+
 def _param_of(e: ValueError) -> str | None:
-    """The parameter an API ValueError names (its messages start with it: 'top_p must ...')."""
+    """The request field an API ValueError names (its messages start with it: 'top_p must ...')."""
     word = str(e).split(" ", 1)[0]
-    return word if word.isidentifier() else None
+    return word if word in FIELDS else None
 
 
 def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str) -> list:
@@ -92,6 +96,9 @@ def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generati
     except ModelClosedError:
         _cancel(handles)
         raise APIError(503, "the server is shutting down", code="shutting_down") from None
+    except ModelError as e:        # the model file changed under it: nothing here can run
+        _cancel(handles)
+        raise APIError(500, str(e), code="model_failed") from None
     except (ValueError, TypeError) as e:
         _cancel(handles)
         raise APIError(400, str(e), param=_param_of(e), code="invalid_value") from None
