@@ -28,6 +28,10 @@ class Metrics:
         self.cached_tokens = Counter("pydecode_prompt_cached_tokens",
                                      "Prompt tokens whose KV cache was reused, not recomputed", registry=r)
         self.generated_tokens = Counter("pydecode_generated_tokens", "Tokens generated", registry=r)
+        self.drafted = Counter("pydecode_draft_tokens", "Tokens a drafter proposed (speculative decoding)",
+                               registry=r)
+        self.accepted = Counter("pydecode_draft_accepted_tokens", "Of those, the ones the model agreed with",
+                                registry=r)
         self.finished = Counter("pydecode_generations", "Generations ended, by finish reason",
                                 ["finish_reason"], registry=r)
         self.ttft = Histogram("pydecode_time_to_first_token_seconds",
@@ -64,6 +68,8 @@ class Metrics:
         self.prompt_tokens.inc(s.prompt_tokens)
         self.cached_tokens.inc(s.cached_tokens)
         self.generated_tokens.inc(s.generated_tokens)
+        self.drafted.inc(s.draft_tokens)
+        self.accepted.inc(s.accepted_tokens)
         self.finished.labels(completion.finish_reason).inc()
         if s.generated_tokens:
             self.ttft.observe(s.ttft_s)
