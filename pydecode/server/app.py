@@ -21,6 +21,7 @@ from starlette.routing import Route
 from .. import openai_format as oai
 from ..chat.templates import TemplateError
 from ..errors import ContextFullError, ModelClosedError, ModelError, QueueFullError
+from ..sampling import SamplingParams
 from . import params
 from .params import APIError, bad
 from .state import ServerState
@@ -61,12 +62,11 @@ def check_model(state: ServerState, body: dict) -> None:
     if not isinstance(name, str):
         raise bad("model", f"must be a string, got {name!r}")
     if name not in state.names:
-        raise APIError(404, f"the model {name!r} is not served here; this server serves {state.model_id!r} "
-                            f"(GET /v1/models)", param="model", code="model_not_found")
+        raise APIError.unknown_model(name, state.model_id)
 
 
-FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
-          "presence_penalty", "frequency_penalty", "seed", "stop", "logprobs", "ignore_eos"}
+# The request fields an Engine.submit ValueError may name: the sampler's and the policy's.
+FIELDS = set(SamplingParams.__dataclass_fields__) | {"max_tokens", "stop", "logprobs", "ignore_eos"}
 
 
 def _param_of(e: ValueError) -> str | None:
@@ -80,33 +80,33 @@ def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generati
     handles = []
     try:
         for ids in prompts:
-            if len(ids) > llm.n_ctx:
-                raise APIError(400, f"{what}: the prompt has {len(ids)} tokens but the context holds "
-                                    f"{llm.n_ctx} (-c)", param=what, code="context_length_exceeded")
             max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
             for i in range(g.n):
                 handles.append(llm.engine.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
                                                  ignore_eos=g.ignore_eos, **{**g.sampling, "seed": g.seed(i)}))
-    except QueueFullError as e:
+    except BaseException as e:
         _cancel(handles)
-        raise APIError(429, f"the server is busy: {e}; retry later", code="queue_full") from None
-    except ContextFullError as e:
-        _cancel(handles)
-        raise APIError(400, f"{what}: {e}", param=what, code="context_length_exceeded") from None
-    except ModelClosedError:
-        _cancel(handles)
-        raise APIError(503, "the server is shutting down", code="shutting_down") from None
-    except ModelError as e:        # the model file changed under it: nothing here can run
-        _cancel(handles)
-        raise APIError(500, str(e), code="model_failed") from None
-    except (ValueError, TypeError) as e:
-        _cancel(handles)
-        raise APIError(400, str(e), param=_param_of(e), code="invalid_value") from None
-    except BaseException:
-        _cancel(handles)
-        raise
+        err = _refusal(e, what)
+        if err is None:
+            raise
+        raise err from None
     state.live.update(handles)
     return handles
+
+
+def _refusal(e: BaseException, what: str) -> APIError | None:
+    """The HTTP error for what Engine.submit raised (None: not a refusal, let it through)."""
+    if isinstance(e, QueueFullError):
+        return APIError(429, f"the server is busy: {e}; retry later", code="queue_full")
+    if isinstance(e, ContextFullError):
+        return APIError(400, f"{what}: {e}", param=what, code="context_length_exceeded")
+    if isinstance(e, ModelClosedError):
+        return APIError.shutting_down()
+    if isinstance(e, ModelError):        # the model file changed under it: nothing here can run
+        return APIError(500, str(e), code="model_failed")
+    if isinstance(e, (ValueError, TypeError)):
+        return APIError(400, str(e), param=_param_of(e), code="invalid_value")
+    return None
 
 
 def _cancel(handles) -> None:
@@ -267,8 +267,7 @@ async def get_model(request: Request) -> Response:
     state: ServerState = request.app.state.pd
     name = request.path_params["name"]
     if name not in state.names:
-        raise APIError(404, f"the model {name!r} is not served here; this server serves {state.model_id!r}",
-                       param="model", code="model_not_found")
+        raise APIError.unknown_model(name, state.model_id)
     return JSONResponse(_model_card(state))
 
 

@@ -31,6 +31,15 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or self.TYPES.get(status, "server_error")
 
+    @classmethod
+    def shutting_down(cls) -> "APIError":
+        return cls(503, "the server is shutting down", code="shutting_down")
+
+    @classmethod
+    def unknown_model(cls, name: str, served: str) -> "APIError":
+        return cls(404, f"the model {name!r} is not served here; this server serves {served!r} (GET /v1/models)",
+                   param="model", code="model_not_found")
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

@@ -66,7 +66,8 @@ class ServerState:
         """The LLM, or the 503 that says why there is none to use."""
         if self.status == "ok" and self.llm is not None and not self.llm.closed:
             return self.llm
-        why = {"loading": ("the model is still loading; GET /health says when it is ready", "model_loading"),
-               "shutting down": ("the server is shutting down", "shutting_down")}.get(
-            self.status, (f"the model failed to load: {self.error}", "model_failed"))
-        raise APIError(503, why[0], code=why[1])
+        if self.status == "shutting down":
+            raise APIError.shutting_down()
+        if self.status == "loading":
+            raise APIError(503, "the model is still loading; GET /health says when it is ready", code="model_loading")
+        raise APIError(503, f"the model failed to load: {self.error}", code="model_failed")

@@ -75,7 +75,7 @@ def failure(h) -> APIError | None:
     if e is None:
         return None
     if isinstance(e, ModelClosedError):
-        return APIError(503, "the server is shutting down", code="shutting_down")
+        return APIError.shutting_down()
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", code="generation_failed")
 
 
