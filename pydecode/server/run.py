@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
@@ -104,10 +103,6 @@ def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, ali
         log(f"pydecode serve: ready: {model_id} ({m.config.arch}, {m.n_threads} threads, {m.isa}, "
             f"{llm.engine.max_seqs} sequences of {m.n_ctx} tokens)")
 
-    # The engine's driver thread needs the GIL back the moment each step's C call returns; with
-    # Python's default 5 ms switch interval it can wait that long behind the event loop, which
-    # is most of a small model's step.
-    sys.setswitchinterval(float(os.environ.get("PYDECODE_SWITCH_S", "0.0005")))
     loader = threading.Thread(target=load_in_background, name="pydecode-load", daemon=True)
     loader.start()
     logging.getLogger("uvicorn.error").setLevel(logging.INFO if verbose else logging.WARNING)
