@@ -223,6 +223,11 @@ AI __m256i r16_q8_seed_avx2(const pd_q8 *xb) {   /* 128 * the block's sum of act
     const __m128i t = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm256_slli_epi32(_mm256_broadcastd_epi32(t), 7);
 }
+AI __m256i r16_pairs_avx2(__m256i u, const int8_t *p) {
+    return _mm256_maddubs_epi16(u, _mm256_set1_epi32(ld32(p)));
+}
+#define R16_PAIRS r16_pairs_avx2
+#define R16_WIDEN(p) _mm256_madd_epi16((p), _mm256_set1_epi16(1))
 #define R16_DOT r16_dot_avx2
 #define R16_DOT_Q8 r16_dot_q8_avx2
 #define R16_Q8_SEED r16_q8_seed_avx2

@@ -17,6 +17,19 @@
 #ifndef R16_Q8_SEED
 #define R16_Q8_SEED(xb) _mm256_setzero_si256()
 #endif
+/* R16_PAIRS(u, p) (optional): the 16 int16 sums of byte pairs u * a (vpmaddubsw), and R16_WIDEN
+ * their pair sums as int32 (vpmaddwd by ones). Where the includer defines them, the nibble formats
+ * add the pairs of several dots in int16 and widen once, one multiply instead of two per dot:
+ * exact, as a pair is at most 2 * 15 * 128 = 3840 for the 4-bit quants (8 dots sum to 30720) and
+ * 2 * 31 * 128 = 7936 for the 5-bit ones (4 dots: 31744), both under 32767 for any int8 a. */
+#ifdef R16_PAIRS
+#define R16_PAIRS_SUMS(RT) 1
+#define R16_HAVE_PAIRS
+#else
+#define R16_PAIRS_SUMS(RT) 0
+#define R16_PAIRS(u, p) _mm256_setzero_si256()
+#define R16_WIDEN(p) _mm256_setzero_si256()
+#endif
 
 AI __m256i bits_to_bytes(uint32_t bits) {
     /* byte i of the result is 0xFF where bit i is set */
@@ -75,6 +88,24 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                     s0 = R16_DOT_Q8(s0, u[g], xb->qs + 4 * g);
                     s1 = R16_DOT_Q8(s1, u[g + 4], xb->qs + 16 + 4 * g);
                 }
+            } else if (R16_PAIRS_SUMS(RT)) {
+                /* int16 sums of the vpmaddubsw pairs, widened once (R16_PAIRS, see the top) */
+                __m256i p0 = R16_PAIRS(u[0], xb->qs), p1 = R16_PAIRS(u[4], xb->qs + 16);
+#pragma GCC unroll 3
+                for (int g = 1; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, R16_PAIRS(u[g], xb->qs + 4 * g));
+                    p1 = _mm256_add_epi16(p1, R16_PAIRS(u[g + 4], xb->qs + 16 + 4 * g));
+                    /* (an empty asm ties each sum to its register in this order: left alone, gcc
+                     * computes all the products first and spills them) */
+                    __asm__("" : "+x"(p0), "+x"(p1));
+                }
+                if (pd_r16_has_hmask(RT)) {
+                    s0 = R16_WIDEN(p0);
+                    s1 = R16_WIDEN(p1);
+                } else {
+                    s0 = R16_WIDEN(_mm256_add_epi16(p0, p1));
+                    s1 = _mm256_setzero_si256();
+                }
             } else {
                 s0 = R16_DOT(_mm256_setzero_si256(), u[0], xb->qs);
                 s1 = R16_DOT(_mm256_setzero_si256(), u[4], xb->qs + 16);
@@ -93,6 +124,68 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
     for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
 }
 
+#ifdef R16_HAVE_PAIRS
+/* Q8_0 where R16_PAIRS is defined (AVX2): u = w + 128 does not fit vpmaddubsw's signed pair sum
+ * (2 * 255 * 127 > 32767), so each unsigned byte is split into nibbles, u = 16 hi + lo, each
+ * nibble's dots summed in int16 over the block's 8 registers as the 4-bit formats do and widened
+ * once: sum(u * a) = sum(lo * a) + 16 sum(hi * a), exactly the integer of the other tables. One
+ * register of weights at a time, the columns inner, so the int16 sums of 4 columns stay in
+ * registers. Against the sign trick (abs, sign, vpmaddubsw, vpmaddwd and the seed per dot and
+ * column) this is two vpmaddubsw and two vpaddw per dot and column. */
+AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    const size_t rb = pd_r16_bytes(PD_Q8_0_R16);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const char *blk = w + (size_t)b * rb;
+#pragma GCC unroll 9
+        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+        const __m256 mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+        const char *qs = blk + pd_r16_qs_off(PD_Q8_0_R16) + 32 * half;
+        __m256i pl[4], ph[4];
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h));
+            const __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
+                const __m256i tl = R16_PAIRS(lo, xb->qs + 4 * h), th = R16_PAIRS(hi, xb->qs + 4 * h);
+                pl[c] = h ? _mm256_add_epi16(pl[c], tl) : tl;
+                ph[c] = h ? _mm256_add_epi16(ph[c], th) : th;
+                __asm__("" : "+x"(pl[c]), "+x"(ph[c]));   /* (as in tile_r16_half) */
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
+            const __m256i s = _mm256_add_epi32(R16_WIDEN(pl[c]), _mm256_madd_epi16(ph[c], _mm256_set1_epi16(16)));
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[c]);
+            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
+}
+AI void tile_r16_q8_pairs(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    if (C == 1) {
+        tile_r16_half(PD_Q8_0_R16, 1, nb, w, half, x, xs, y, ys);   /* decode: the sign trick is shorter */
+        return;
+    }
+    if (C == 2) tile_r16_q8_half(2, nb, w, half, x, xs, y, ys);
+    else if (C == 3) tile_r16_q8_half(3, nb, w, half, x, xs, y, ys);
+    else tile_r16_q8_half(4, nb, w, half, x, xs, y, ys);
+}
+#define R16_TILE(RT, C, ...) \
+    ((RT) == PD_Q8_0_R16 ? tile_r16_q8_pairs(C, __VA_ARGS__) : tile_r16_half(RT, C, __VA_ARGS__))
+#else
+#define R16_TILE(RT, C, ...) tile_r16_half(RT, C, __VA_ARGS__)
+#endif
+
 AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
                    float *y, size_t ys) {
     const int nb = k / PD_QK;
@@ -103,10 +196,10 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
             float *yc = y + (size_t)c * ys + r;
             for (int half = 0; half < 2; half++)
                 switch (ncols - c >= 4 ? 4 : ncols - c) {
-                case 1: tile_r16_half(RT, 1, nb, g, half, xc, xs, yc, ys); break;
-                case 2: tile_r16_half(RT, 2, nb, g, half, xc, xs, yc, ys); break;
-                case 3: tile_r16_half(RT, 3, nb, g, half, xc, xs, yc, ys); break;
-                default: tile_r16_half(RT, 4, nb, g, half, xc, xs, yc, ys); break;
+                case 1: R16_TILE(RT, 1, nb, g, half, xc, xs, yc, ys); break;
+                case 2: R16_TILE(RT, 2, nb, g, half, xc, xs, yc, ys); break;
+                case 3: R16_TILE(RT, 3, nb, g, half, xc, xs, yc, ys); break;
+                default: R16_TILE(RT, 4, nb, g, half, xc, xs, yc, ys); break;
                 }
         }
     }
