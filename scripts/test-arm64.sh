@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The ARM64 kernel tables proven without ARM hardware: tests/arm/check_kernels.c, cross-compiled
+# with the core's kernel files (each ARM file with the -march pydecode/_build.py gives it), run
+# under qemu-aarch64 as CPUs with and without the dot product:
+#   -cpu max          every feature: run-time selection must pick dotprod; both tables checked
+#   -cpu cortex-a76   ARMv8.2 + dotprod (a Raspberry Pi 5 / Snapdragon-class core): dotprod
+#   -cpu cortex-a53   ARMv8.0, no dotprod: neon is picked, and dotprod refuses to run
+#   PYDECODE_ISA=neon forces the baseline table on a CPU that has more
+# Each run checks every table the CPU supports against the scalar table on every block format
+# (bit-identical for the integer paths, stated tolerances for the float ones).
+#
+# Needs gcc-aarch64-linux-gnu and qemu-user (Debian): installed with apt-get where missing and
+# this user may (root, or sudo without a password). Exit 0 on success, 1 on a failure, 77 when the
+# tools cannot be had (scripts/test.sh then says the ARM stage was skipped).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CC=${AARCH64_CC:-aarch64-linux-gnu-gcc}
+QEMU=${QEMU_AARCH64:-qemu-aarch64}
+
+if ! command -v "$CC" >/dev/null || ! command -v "$QEMU" >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  if command -v apt-get >/dev/null && $SUDO true 2>/dev/null; then
+    echo "test-arm64.sh: installing gcc-aarch64-linux-gnu and qemu-user with apt-get" >&2
+    if ! { $SUDO apt-get install -y -q --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null 2>&1 ||
+           { $SUDO apt-get update -q >/dev/null 2>&1 &&
+             $SUDO apt-get install -y -q --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null; }; }; then
+      echo "test-arm64.sh: apt-get could not install the cross compiler and qemu" >&2
+      exit 77
+    fi
+  fi
+fi
+if ! command -v "$CC" >/dev/null || ! command -v "$QEMU" >/dev/null; then
+  echo "test-arm64.sh: $CC or $QEMU not found and not installable here" >&2
+  exit 77
+fi
+
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/pydecode-arm64.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+# The flags and -march of each ARM file, read from the build's own table (one place).
+read -r -a COMMON < <("${PYTHON:-python3}" - <<'EOF'
+import runpy
+b = runpy.run_path("pydecode/_build.py")
+# (read on this x86 host: the ARM-only -ffp-contract=off the build adds on ARM64 is added here)
+print(" ".join(f for f in b["COMMON_FLAGS"] if f != "-pthread") + " -ffp-contract=off")
+EOF
+)
+mapfile -t ARMFILES < <("${PYTHON:-python3}" - <<'EOF'
+import runpy
+b = runpy.run_path("pydecode/_build.py")
+for src, (flags, macro) in b["ARM_ISA_SOURCES"].items():
+    print(src, macro, " ".join(flags))
+EOF
+)
+DEFS=()
+OBJS=()
+for line in "${ARMFILES[@]}"; do
+  read -r src macro flags <<<"$line"
+  DEFS+=("-D$macro=1")
+  obj="$OUT/$(basename "$src" .c).o"
+  # shellcheck disable=SC2086
+  "$CC" "${COMMON[@]}" $flags -Icsrc -c "$src" -o "$obj"
+  OBJS+=("$obj")
+done
+for src in csrc/kernels/scalar.c csrc/kernels/quant.c csrc/kernels/kquant_r16.c csrc/kernels/dispatch.c tests/arm/check_kernels.c; do
+  obj="$OUT/$(basename "$src" .c).o"
+  "$CC" "${COMMON[@]}" "${DEFS[@]}" -Icsrc -c "$src" -o "$obj"
+  OBJS+=("$obj")
+done
+"$CC" -static -o "$OUT/check_kernels" "${OBJS[@]}" -lm
+echo "test-arm64.sh: built $OUT/check_kernels with $("$CC" -dumpfullversion 2>/dev/null || "$CC" -dumpversion)" >&2
+
+fail=0
+# run CPU EXPECTED [ENV...]: the table selection must print EXPECTED, and every check pass
+run() {
+  local cpu=$1 want=$2
+  shift 2
+  local log
+  if ! log=$(env "$@" "$QEMU" -cpu "$cpu" "$OUT/check_kernels" 2>&1); then
+    echo "$log"
+    echo "test-arm64.sh: FAILED under -cpu $cpu $*" >&2
+    fail=1
+    return
+  fi
+  local got
+  got=$(sed -n 's/^selected: //p' <<<"$log")
+  if [ "$got" != "$want" ]; then
+    echo "$log"
+    echo "test-arm64.sh: -cpu $cpu $*: selected '$got', expected '$want'" >&2
+    fail=1
+    return
+  fi
+  printf 'test-arm64.sh: -cpu %-11s %-18s selected %-8s | %s\n' "$cpu" "$*" "$got" \
+    "$(grep -E '^(neon|dotprod):' <<<"$log" | tr '\n' ' ')"
+}
+run max dotprod
+run cortex-a76 dotprod
+run cortex-a53 neon
+run max neon PYDECODE_ISA=neon
+run cortex-a53 unsupported PYDECODE_ISA=dotprod
+[ "$fail" = 0 ] && echo "test-arm64.sh: every ARM kernel at every level agrees with its scalar twin" >&2
+exit "$fail"
