@@ -76,21 +76,29 @@ def loop_asm(src: str, call: str, isa: str) -> list[str]:
         subprocess.run(["gcc", "-O3", "-std=gnu11", "-S", "-fno-asynchronous-unwind-tables", *flags,
                         f"-D{macro}", "-I", os.path.join(ROOT, "csrc"), "-o", s, c], check=True)
         text = open(s).read()
-    body = text[text.index("mca_loop:"):]
-    body = body[:body.index(".size\tmca_loop")] if ".size\tmca_loop" in body else body
+    return largest_loop(text, "mca_loop")
+
+
+def largest_loop(text: str, func: str, holding: tuple[str, ...] = ()) -> list[str]:
+    """The instructions of the largest loop (a backward jump's span) of func in gcc's asm text,
+    among those holding one of the instructions named (any loop if none is named)."""
+    body = text[text.index(f"{func}:"):]
+    body = body[:body.index(f".size\t{func}")] if f".size\t{func}" in body else body
     lines = [ln.strip() for ln in body.splitlines()]
     labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.match(r"^\.L\w+:$", ln)}
     best = (0, 0)
-    for i, ln in enumerate(lines):      # a backward jump closes a loop
-        m = re.match(r"^j\w+\s+(\.L\w+)$", ln)
+    for i, ln in enumerate(lines):      # a backward jump closes a loop (x86 j*, aarch64 b* / cb* / tb*)
+        m = re.match(r"^(?:j\w+|b\.?[a-z]*|cbn?z|tbn?z)\s+(?:[^,]+,\s*)*(\.L\w+)$", ln)
         if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
-            best = (labels[m.group(1)], i)
+            span = lines[labels[m.group(1)] + 1:i + 1]
+            if not holding or any(ln.split()[0] in holding for ln in span if ln):
+                best = (labels[m.group(1)], i)
     return [ln for ln in lines[best[0] + 1:best[1] + 1]
             if ln and not ln.startswith(".") and not ln.startswith("#") and not ln.endswith(":")]
 
 
-def mca_cycles(mca: str, asm: list[str], mcpu: str) -> float:
-    r = subprocess.run([mca, f"-mcpu={mcpu}", "-iterations=200"], input="\n".join(asm) + "\n", capture_output=True, text=True)
+def mca_cycles(mca: str, asm: list[str], mcpu: str, triple: str | None = None) -> float:
+    r = subprocess.run([mca, f"-mcpu={mcpu}", "-iterations=200"] + ([f"-mtriple={triple}"] if triple else []), input="\n".join(asm) + "\n", capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "llvm-mca failed")
     total = float(re.search(r"Total Cycles:\s+(\d+)", r.stdout).group(1))

@@ -35,8 +35,16 @@ def plain_and_drafted(path, prompt, draft, max_tokens=40, n_ctx=512, **kw):
 # ---------------------------------------------------------------- the same tokens
 
 
+@pytest.fixture
+def every_guess(monkeypatch):
+    """Every proposal verified in full. The Tuner's choice depends on the CPU's speed at the
+    moment (under the sanitizers, or beside other load, it drafts less), so tests that need
+    drafts to be made, accepted and rejected take this instead of timing."""
+    monkeypatch.setattr(speculative.Tuner, "choose", lambda self, k_max, base=1, key=None: k_max)
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
-def test_lookup_greedy_equals_plain(name):
+def test_lookup_greedy_equals_plain(name, every_guess):
     path = model_path(name)
     with pydecode.load(path, n_ctx=512, n_threads=2) as llm:
         plain = [llm.generate(p, 40) for p in (COPY, PROSE)]
@@ -72,7 +80,7 @@ def test_draft_model_greedy_equals_plain():
     assert sum(c.stats.accepted_tokens for c in got) > 0
 
 
-def test_seeded_sampling_equals_plain():
+def test_seeded_sampling_equals_plain(every_guess):
     """The drafts are checked with the sequence's own sampler, uniform after uniform: a seeded
     sampled run gives the tokens plain decoding gives."""
     path = model_path("smollm2-135m")
@@ -109,12 +117,6 @@ def test_draft_model_drafts_for_every_sequence_of_a_batch():
 
 # ---------------------------------------------------------------- stops inside an accepted run
 
-
-@pytest.fixture
-def every_guess(monkeypatch):
-    """Every proposal verified in full (the Tuner's choice depends on the CPU's speed: under the
-    sanitizers it drafts less), so the stops below always fall inside drafted runs."""
-    monkeypatch.setattr(speculative.Tuner, "choose", lambda self, k_max, base=1, key=None: k_max)
 
 
 def test_stops_inside_a_drafted_run_cut_where_plain_does(every_guess):
@@ -153,7 +155,7 @@ def test_end_of_generation_inside_a_drafted_run(every_guess):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
-def test_cache_after_rejections_equals_recompute(tmp_path, arch):
+def test_cache_after_rejections_equals_recompute(tmp_path, arch, every_guess):
     """Past the sliding window (4) of a tiny gemma3: rejected drafts overwrite ring rows that
     no later query reads. The slot's cache, then one more step, equals a fresh prefill."""
     path = tmp_path / f"{arch}.gguf"

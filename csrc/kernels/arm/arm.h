@@ -23,6 +23,15 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* An f16 field as float by the hardware (FCVT), exact: the same value as scalar.c's
+ * pd_f16_to_f32_inline for every finite or infinite input without its branches (a NaN stays a
+ * NaN, quieted). */
+AI float f16f(const void *p) {
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
 AI int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t *x) {
     return vaddvq_s32(ARM_DOT(ARM_DOT(vdupq_n_s32(0), w0, vld1q_s8(x)), w1, vld1q_s8(x + 16)));
 }
@@ -99,9 +108,7 @@ AI uint8x16_t fifth_bits(uint8_t b0, uint8_t b1) {
 
 /* Row block blk as two int8x16 of signed values, its scale dw and minimum mw (0 if none). */
 AI void aunpack(int T, const char *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *mw) {
-    uint16_t d, m = 0;
-    memcpy(&d, blk, 2);
-    *dw = pd_f16_to_f32_inline(d);
+    *dw = f16f(blk);
     if (T == A_Q8_0) {
         const pd_block_q8_0 *b = (const pd_block_q8_0 *)blk;
         *w0 = vld1q_s8(b->qs);
@@ -109,8 +116,7 @@ AI void aunpack(int T, const char *blk, int8x16_t *w0, int8x16_t *w1, float *dw,
         *mw = 0.0f;
         return;
     }
-    if (ahas_min(T)) memcpy(&m, blk + 2, 2);
-    *mw = pd_f16_to_f32_inline(m);
+    *mw = ahas_min(T) ? f16f(blk + 2) : 0.0f;
     const uint8_t *qs = (const uint8_t *)blk + (T == A_Q4_0 ? 2 : T == A_Q4_1 ? 4 : T == A_Q5_0 ? 6 : 8);
     const uint8x16_t q = vld1q_u8(qs);
     uint8x16_t lo = vandq_u8(q, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(q, 4);
@@ -254,12 +260,9 @@ AI void ktile(int T, int R, int C, int nb, const char *w, size_t ws, const char 
             int32_t isum[4], msum[4] = { 0, 0, 0, 0 };
             float d, dmin = 0.0f;
             if (T == PD_Q4_K || T == PD_Q6_K) {
-                uint16_t h;
-                memcpy(&h, T == PD_Q4_K ? blk : blk + offsetof(pd_block_q6_k, d), 2);
-                d = pd_f16_to_f32_inline(h);
+                d = f16f(T == PD_Q4_K ? blk : blk + offsetof(pd_block_q6_k, d));
                 if (T == PD_Q4_K) {
-                    memcpy(&h, blk + 2, 2);
-                    dmin = pd_f16_to_f32_inline(h);
+                    dmin = f16f(blk + 2);
                     q4k_row(C, blk, xb, isum, msum);
                 } else {
                     q6k_row(C, blk, xb, isum);

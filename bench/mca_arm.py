@@ -1,0 +1,127 @@
+"""Predicted weight bytes per cycle of the ARM64 decode loops, ours against llama.cpp's, by llvm-mca.
+
+    python bench/mca_arm.py [--llama-cpp DIR] [--mcpu apple-a14 ...] [--json out.json]
+
+No ARM hardware needed: the cross compiler (Debian gcc-aarch64-linux-gnu) compiles each loop
+with -O3 and the -march of its table, llvm-mca (llvm-19 knows apple-a14 = M1, apple-m4,
+neoverse-n1, cortex-a76, cortex-x1) predicts its cycles per iteration on each core. The loop is
+the largest one of a function that runs a decode tile (one activation column) over many
+blocks; the weight bytes it consumes per iteration are counted from its dot instructions (SDOT:
+2 per 32-value block and 16 per K-quant super-block; baseline NEON: SMULL + SMULL2 per 16
+values, twice as many), so unrolling by the compiler does not skew the figure.
+
+llama.cpp's loops are its ggml_vec_dot_* (ggml-cpu/arch/arm/quants.c of the llama-cpp-python
+sdist, --llama-cpp pointing at vendor/llama.cpp), compiled with the same compiler and flags.
+Compare with what a core can stream from memory: an Apple M1 P-core reaches about 60 GB/s at
+3.2 GHz (~18 B/cycle; the cluster 53-68 GB/s), a Raspberry Pi 5 9-13 GB/s for all four
+Cortex-A76 at 2.4 GHz (~1-1.4 B/cycle per core when all stream). llvm-mca assumes every load
+hits L1: an upper bound, to be confirmed on hardware.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from mca_kernels import find_mca, largest_loop, mca_cycles  # noqa: E402
+from pydecode._build import ARM_ISA_SOURCES  # noqa: E402
+
+TARGETS = ["apple-a14", "apple-m4", "neoverse-n1", "cortex-a76", "cortex-x1"]
+CC = os.environ.get("AARCH64_CC", "aarch64-linux-gnu-gcc")
+NB = "(1 << 20)"
+# (format, block bytes, values per block, our decode call: 4-row tile x 1 column, as matmul runs it)
+OURS = [
+    ("q4_0", 18, 32, f"atile(A_Q4_0, 4, 1, {NB}, w, {NB} * 18, x, 0, y, 1)"),
+    ("q8_0", 34, 32, f"atile(A_Q8_0, 4, 1, {NB}, w, {NB} * 34, x, 0, y, 1)"),
+    ("q4_k", 144, 256, f"ktile(PD_Q4_K, 4, 1, {NB}, w, {NB} * 144, x, 0, y, 1)"),
+    ("q6_k", 210, 256, f"ktile(PD_Q6_K, 4, 1, {NB}, w, {NB} * 210, x, 0, y, 1)"),
+]
+LLAMA = {"q4_0": "ggml_vec_dot_q4_0_q8_0", "q8_0": "ggml_vec_dot_q8_0_q8_0",
+         "q4_k": "ggml_vec_dot_q4_K_q8_K", "q6_k": "ggml_vec_dot_q6_K_q8_K"}
+
+
+def compile_asm(src_text: str | None, path: str | None, flags: list[str], includes: list[str]) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        c = path
+        if src_text is not None:
+            c = os.path.join(d, "loop.c")
+            with open(c, "w") as f:
+                f.write(src_text)
+        s = os.path.join(d, "loop.s")
+        subprocess.run([CC, "-O3", "-std=gnu11", "-S", "-fno-asynchronous-unwind-tables", "-ffp-contract=off",
+                        "-DNDEBUG", *flags, *[f"-I{i}" for i in includes], "-o", s, c], check=True)
+        return open(s).read()
+
+
+def bytes_per_iteration(asm: list[str], isa: str, block_bytes: int, values: int) -> float:
+    """Weight bytes one iteration reads, from its dot instructions (16 values each, SDOT; half that
+    per SMULL/SMULL2 on baseline NEON)."""
+    if isa == "dotprod":
+        vals = 16 * sum(ln.split()[0] == "sdot" for ln in asm)
+    else:   # the int8 widening multiplies only (SMULL v.8h, v.8b, v.8b and SMULL2 v.8h, v.16b, v.16b)
+        vals = 8 * sum(ln.split()[0] in ("smull", "smull2") and ".8h" in ln.split(",")[0] for ln in asm)
+    return vals / values * block_bytes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mcpu", nargs="+", default=TARGETS)
+    ap.add_argument("--llama-cpp", help="llama.cpp source tree (vendor/llama.cpp of the llama-cpp-python sdist)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    mca = find_mca()
+    if not mca or not shutil.which(CC):
+        print(f"needs llvm-mca (Debian llvm-19) and {CC} (gcc-aarch64-linux-gnu)", file=sys.stderr)
+        return 2
+    ver = " ".join(re.findall(r"LLVM version [\d.]+", subprocess.run([mca, "--version"], capture_output=True,
+                                                                       text=True).stdout))
+    gcc = subprocess.run([CC, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    print(f"{mca}: {ver}; {CC} {gcc}\n")
+    rows = []
+    for src, (flags, _) in ARM_ISA_SOURCES.items():
+        isa = os.path.basename(src)[:-2]
+        for fmt, bb, vals, call in OURS:
+            text = compile_asm(f'#include "{os.path.relpath(src, "csrc")}"\n'
+                               f"void mca_loop(const char *w, const char *x, float *y) {{ {call}; }}\n",
+                               None, flags, [os.path.join(ROOT, "csrc")])
+            rows.append(("pydecode", isa, fmt, largest_loop(text, "mca_loop"), bb, vals))
+    if a.llama_cpp:
+        g = os.path.join(a.llama_cpp, "ggml")
+        for isa, march in (("neon", "-march=armv8-a"), ("dotprod", "-march=armv8.2-a+dotprod")):
+            text = compile_asm(None, os.path.join(g, "src/ggml-cpu/arch/arm/quants.c"), [march],
+                               [os.path.join(g, "include"), os.path.join(g, "src"), os.path.join(g, "src/ggml-cpu")])
+            for fmt, bb, vals, _ in OURS:
+                dots = ("sdot",) if isa == "dotprod" else ("smull", "smull2")
+                rows.append(("llama.cpp", isa, fmt, largest_loop(text, LLAMA[fmt], dots), bb, vals))
+    out = []
+    print("| loop | table | format | instr/iter | bytes/iter | " + " | ".join(a.mcpu) + " |")
+    print("|" + "---|" * (5 + len(a.mcpu)))
+    for who, isa, fmt, asm, bb, vals in rows:
+        nbytes = bytes_per_iteration(asm, isa, bb, vals)
+        bpc = {}
+        for cpu in a.mcpu:
+            try:
+                bpc[cpu] = nbytes / mca_cycles(mca, asm, cpu, triple="aarch64") if nbytes else None
+            except (RuntimeError, AttributeError) as e:
+                bpc[cpu] = None
+                print(f"  {who} {isa} {fmt} on {cpu}: {e}", file=sys.stderr)
+        out.append({"who": who, "isa": isa, "format": fmt, "instructions": len(asm), "bytes": nbytes, "bpc": bpc})
+        cells = ["err" if v is None else f"{v:.1f}" for v in bpc.values()]
+        print(f"| {who} | {isa} | {fmt} | {len(asm)} | {nbytes:.0f} | " + " | ".join(cells) + " |")
+    print("\nweight bytes per cycle of one core (llvm-mca, L1-resident); higher is better")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
