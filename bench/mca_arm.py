@@ -39,8 +39,8 @@ CC = os.environ.get("AARCH64_CC", "aarch64-linux-gnu-gcc")
 NB = "(1 << 20)"
 # (format, block bytes, values per block, our decode call: 4-row tile x 1 column, as matmul runs it)
 OURS = [
-    ("q4_0", 18, 32, f"atile(A_Q4_0, 4, 1, {NB}, w, {NB} * 18, x, 0, y, 1)"),
-    ("q8_0", 34, 32, f"atile(A_Q8_0, 4, 1, {NB}, w, {NB} * 34, x, 0, y, 1)"),
+    ("q4_0", 18, 32, f"atile(PD_Q4_0, 4, 1, {NB}, w, {NB} * 18, x, 0, y, 1)"),
+    ("q8_0", 34, 32, f"atile(PD_Q8_0, 4, 1, {NB}, w, {NB} * 34, x, 0, y, 1)"),
     ("q4_k", 144, 256, f"ktile(PD_Q4_K, 4, 1, {NB}, w, {NB} * 144, x, 0, y, 1)"),
     ("q6_k", 210, 256, f"ktile(PD_Q6_K, 4, 1, {NB}, w, {NB} * 210, x, 0, y, 1)"),
 ]

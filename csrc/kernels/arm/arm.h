@@ -16,6 +16,7 @@
 #define PD_ARM_H
 #include "kernels/kernels.h"
 #include "kernels/exp_poly.h"
+#include "kernels/run_tiles.h"
 #include <arm_neon.h>
 #include <math.h>
 #include <stddef.h>
@@ -90,14 +91,12 @@ static void quantize_q8k(const float *x, pd_q8k *y, int k) {
  *     sum += dw * dx * (float)dot  [+ m * s]
  * in its order. A row's result does not depend on its tile (same ops for every row), so the
  * forward pass is bit-identical for any split of rows across threads. */
-enum { A_Q4_0, A_Q4_1, A_Q5_0, A_Q5_1, A_Q8_0 };
-
-AI size_t ablk_bytes(int T) {
-    return T == A_Q4_0 ? sizeof(pd_block_q4_0) : T == A_Q4_1 ? sizeof(pd_block_q4_1)
-         : T == A_Q5_0 ? sizeof(pd_block_q5_0) : T == A_Q5_1 ? sizeof(pd_block_q5_1)
-         : sizeof(pd_block_q8_0);
+AI int has_min(int T) { return T == PD_Q4_1 || T == PD_Q5_1; }
+/* (pd_type_block_bytes as a constant the compiler folds into the tile's addressing) */
+AI size_t qblock_bytes(int T) {
+    return T == PD_Q4_0 ? sizeof(pd_block_q4_0) : T == PD_Q4_1 ? sizeof(pd_block_q4_1)
+         : T == PD_Q5_0 ? sizeof(pd_block_q5_0) : T == PD_Q5_1 ? sizeof(pd_block_q5_1) : sizeof(pd_block_q8_0);
 }
-AI int ahas_min(int T) { return T == A_Q4_1 || T == A_Q5_1; }
 
 /* byte j of the result is 0x10 where bit j of the two bytes b0 (j < 8), b1 (j >= 8) is set */
 AI uint8x16_t fifth_bits(uint8_t b0, uint8_t b1) {
@@ -109,29 +108,30 @@ AI uint8x16_t fifth_bits(uint8_t b0, uint8_t b1) {
 /* Row block blk as two int8x16 of signed values, its scale dw and minimum mw (0 if none). */
 AI void aunpack(int T, const char *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *mw) {
     *dw = f16f(blk);
-    if (T == A_Q8_0) {
+    if (T == PD_Q8_0) {
         const pd_block_q8_0 *b = (const pd_block_q8_0 *)blk;
         *w0 = vld1q_s8(b->qs);
         *w1 = vld1q_s8(b->qs + 16);
         *mw = 0.0f;
         return;
     }
-    *mw = ahas_min(T) ? f16f(blk + 2) : 0.0f;
-    const uint8_t *qs = (const uint8_t *)blk + (T == A_Q4_0 ? 2 : T == A_Q4_1 ? 4 : T == A_Q5_0 ? 6 : 8);
+    *mw = has_min(T) ? f16f(blk + 2) : 0.0f;
+    const uint8_t *qs = (const uint8_t *)blk + (T == PD_Q4_0 ? offsetof(pd_block_q4_0, qs) : T == PD_Q4_1 ? offsetof(pd_block_q4_1, qs)
+                                                : T == PD_Q5_0 ? offsetof(pd_block_q5_0, qs) : offsetof(pd_block_q5_1, qs));
     const uint8x16_t q = vld1q_u8(qs);
     uint8x16_t lo = vandq_u8(q, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(q, 4);
-    if (T == A_Q5_0 || T == A_Q5_1) {
-        const uint8_t *qh = (const uint8_t *)blk + (T == A_Q5_0 ? 2 : 4);
+    if (T == PD_Q5_0 || T == PD_Q5_1) {
+        const uint8_t *qh = (const uint8_t *)blk + (T == PD_Q5_0 ? offsetof(pd_block_q5_0, qh) : offsetof(pd_block_q5_1, qh));
         lo = vorrq_u8(lo, fifth_bits(qh[0], qh[1]));
         hi = vorrq_u8(hi, fifth_bits(qh[2], qh[3]));
     }
-    const int off = T == A_Q4_0 ? 8 : T == A_Q5_0 ? 16 : 0;
+    const int off = T == PD_Q4_0 ? 8 : T == PD_Q5_0 ? 16 : 0;
     *w0 = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8((int8_t)off));
     *w1 = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8((int8_t)off));
 }
 
 AI void atile(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {
-    const size_t bb = ablk_bytes(T);
+    const size_t bb = qblock_bytes(T);
     float sum[4][4] = { { 0 } };
     for (int b = 0; b < nb; b++) {
 #pragma GCC unroll 4
@@ -145,7 +145,7 @@ AI void atile(int T, int R, int C, int nb, const char *w, size_t ws, const char 
                 const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
                 const float dot = (float)dot32(w0, w1, xb->qs);
                 /* scalar.c: blk = dw * dx * (float)dot [+ m * s]; sum += blk */
-                sum[r][c] += ahas_min(T) ? dw * xb->d * dot + mw * xb->s : dw * xb->d * dot;
+                sum[r][c] += has_min(T) ? dw * xb->d * dot + mw * xb->s : dw * xb->d * dot;
             }
         }
     }
@@ -312,52 +312,34 @@ AI void ftile(int T, int R, int C, int k, const char *w, size_t ws, const char *
         }
 }
 
+/* A tile of any format: T picks its kernel (a constant in each table entry, folded away). */
+AI void arm_tile(int T, int R, int C, int k, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {
+    if (T == PD_F32 || T == PD_F16 || T == PD_BF16) ftile(T, R, C, k, w, ws, x, xs, y, ys);
+    else if (T == PD_Q2_K || T == PD_Q3_K || T == PD_Q4_K || T == PD_Q5_K || T == PD_Q6_K) ktile(T, R, C, k / PD_QKK, w, ws, x, xs, y, ys);
+    else atile(T, R, C, k / PD_QK, w, ws, x, xs, y, ys);
+}
+#define ARM_TILE(R_, C_, r_, c_) arm_tile(T, R_, C_, k, (const char *)w + (size_t)(r_) * ws, ws, \
+                                          (const char *)x + (size_t)(c_) * xs, xs, y + (size_t)(c_) * ys + (r_), ys)
 /* A table entry: 4-row tiles, then single rows, each over the columns in groups of up to 4. */
-#define ARM_DEFINE(name, fn, T, nbk)                                                          \
+#define ARM_MATMUL(name, type)                                                                \
     static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
                      int ncols, float *y, size_t ys) {                                        \
-        const int nbv = (nbk);                                                                \
-        (void)nbv;                                                                            \
-        for (int r = 0; r < nrows;) {                                                         \
-            const int R = nrows - r >= 4 ? 4 : 1;                                             \
-            for (int c = 0; c < ncols;) {                                                     \
-                const int C = ncols - c >= 4 ? 4 : ncols - c;                                 \
-                const char *wr = (const char *)w + (size_t)r * ws, *xc = (const char *)x + (size_t)c * xs; \
-                float *yt = y + (size_t)c * ys + r;                                           \
-                if (R == 4) {                                                                 \
-                    switch (C) {                                                              \
-                    case 1: fn(T, 4, 1, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    case 2: fn(T, 4, 2, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    case 3: fn(T, 4, 3, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    default: fn(T, 4, 4, nbv, wr, ws, xc, xs, yt, ys); break;                 \
-                    }                                                                         \
-                } else {                                                                      \
-                    switch (C) {                                                              \
-                    case 1: fn(T, 1, 1, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    case 2: fn(T, 1, 2, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    case 3: fn(T, 1, 3, nbv, wr, ws, xc, xs, yt, ys); break;                  \
-                    default: fn(T, 1, 4, nbv, wr, ws, xc, xs, yt, ys); break;                 \
-                    }                                                                         \
-                }                                                                             \
-                c += C;                                                                       \
-            }                                                                                 \
-            r += R;                                                                           \
-        }                                                                                     \
+        const int T = (type);                                                                 \
+        RUN_TILES(4, ARM_TILE)                                                                \
     }
-
-ARM_DEFINE(matmul_q4_0, atile, A_Q4_0, k / PD_QK)
-ARM_DEFINE(matmul_q4_1, atile, A_Q4_1, k / PD_QK)
-ARM_DEFINE(matmul_q5_0, atile, A_Q5_0, k / PD_QK)
-ARM_DEFINE(matmul_q5_1, atile, A_Q5_1, k / PD_QK)
-ARM_DEFINE(matmul_q8_0, atile, A_Q8_0, k / PD_QK)
-ARM_DEFINE(matmul_q2_k, ktile, PD_Q2_K, k / PD_QKK)
-ARM_DEFINE(matmul_q3_k, ktile, PD_Q3_K, k / PD_QKK)
-ARM_DEFINE(matmul_q4_k, ktile, PD_Q4_K, k / PD_QKK)
-ARM_DEFINE(matmul_q5_k, ktile, PD_Q5_K, k / PD_QKK)
-ARM_DEFINE(matmul_q6_k, ktile, PD_Q6_K, k / PD_QKK)
-ARM_DEFINE(matmul_f32, ftile, PD_F32, k)
-ARM_DEFINE(matmul_f16, ftile, PD_F16, k)
-ARM_DEFINE(matmul_bf16, ftile, PD_BF16, k)
+ARM_MATMUL(matmul_q4_0, PD_Q4_0)
+ARM_MATMUL(matmul_q4_1, PD_Q4_1)
+ARM_MATMUL(matmul_q5_0, PD_Q5_0)
+ARM_MATMUL(matmul_q5_1, PD_Q5_1)
+ARM_MATMUL(matmul_q8_0, PD_Q8_0)
+ARM_MATMUL(matmul_q2_k, PD_Q2_K)
+ARM_MATMUL(matmul_q3_k, PD_Q3_K)
+ARM_MATMUL(matmul_q4_k, PD_Q4_K)
+ARM_MATMUL(matmul_q5_k, PD_Q5_K)
+ARM_MATMUL(matmul_q6_k, PD_Q6_K)
+ARM_MATMUL(matmul_f32, PD_F32)
+ARM_MATMUL(matmul_f16, PD_F16)
+ARM_MATMUL(matmul_bf16, PD_BF16)
 
 /* ---------------------------------------------------------------- KV cache, attention */
 static void f32_to_f16(const float *x, uint16_t *y, int n) {

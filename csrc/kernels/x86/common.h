@@ -4,6 +4,7 @@
 #ifndef PD_X86_COMMON_H
 #define PD_X86_COMMON_H
 #include "kernels/kernels.h"
+#include "kernels/run_tiles.h"
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -47,29 +48,6 @@ AI __m128i reduce4(const __m256i v[4]) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     return _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
 }
-
-/* Tiles over the whole output: 4-row tiles (then single rows), each across all columns in
- * groups of up to CM. tile(R, C, row0, col0) must be a macro of constant R, C. */
-#define RUN_TILES(CM, TILE)                                                                   \
-    _Static_assert(CM >= 1 && CM <= 4, "RUN_TILES has cases for up to 4 columns");            \
-    for (int r = 0; r < nrows;) {                                                             \
-        const int R = nrows - r >= 4 ? 4 : 1;                                                 \
-        for (int c = 0; c < ncols;) {                                                         \
-            const int C = ncols - c >= CM ? CM : ncols - c;                                   \
-            switch (R * 8 + C) {                                                              \
-            case 4 * 8 + 1: TILE(4, 1, r, c); break;                                          \
-            case 4 * 8 + 2: TILE(4, CM > 1 ? 2 : 1, r, c); break;                             \
-            case 4 * 8 + 3: TILE(4, CM > 2 ? 3 : 1, r, c); break;                             \
-            case 4 * 8 + 4: TILE(4, CM > 3 ? 4 : 1, r, c); break;                             \
-            case 1 * 8 + 1: TILE(1, 1, r, c); break;                                          \
-            case 1 * 8 + 2: TILE(1, CM > 1 ? 2 : 1, r, c); break;                             \
-            case 1 * 8 + 3: TILE(1, CM > 2 ? 3 : 1, r, c); break;                             \
-            default:        TILE(1, CM > 3 ? 4 : 1, r, c); break;                             \
-            }                                                                                 \
-            c += C;                                                                           \
-        }                                                                                     \
-        r += R;                                                                               \
-    }
 
 /* ---- legacy block formats (x pd_q8): sizes, nibble / fifth-bit unpacking, f16 scales ---- */
 

@@ -23,10 +23,9 @@
  * exact, as a pair is at most 2 * 15 * 128 = 3840 for the 4-bit quants (8 dots sum to 30720) and
  * 2 * 31 * 128 = 7936 for the 5-bit ones (4 dots: 31744), both under 32767 for any int8 a. */
 #ifdef R16_PAIRS
-#define R16_PAIRS_SUMS(RT) 1
-#define R16_HAVE_PAIRS
+#define R16_HAS_PAIRS 1
 #else
-#define R16_PAIRS_SUMS(RT) 0
+#define R16_HAS_PAIRS 0
 #define R16_PAIRS(u, p) _mm256_setzero_si256()
 #define R16_WIDEN(p) _mm256_setzero_si256()
 #endif
@@ -40,6 +39,21 @@ AI __m256i bits_to_bytes(uint32_t bits) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+/* A block of a 16-row record group (formats.h): prefetch 8 blocks ahead, and the half's scales
+ * dw and the per-row term mw of the block's acc = fma(float(dot), dw * dx, acc) + mw * s. */
+AI void r16_block_scales(int RT, const char *blk, int half, __m256 *dw, __m256 *mw) {
+    const size_t rb = pd_r16_bytes(RT);
+#pragma GCC unroll 9
+    for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
+    *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+    *mw = pd_r16_has_min(RT) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + pd_r16_m_off(RT) + 16 * half)))
+                             : _mm256_mul_ps(*dw, _mm256_set1_ps((float)-pd_r16_offset(RT)));
+}
+AI __m256 r16_accumulate(__m256 acc, __m256i dot, __m256 dw, __m256 mw, const pd_q8 *xb) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), acc);
+    return _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), acc);
+}
+
 AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
     const size_t rb = pd_r16_bytes(RT);
     const __m256i lo4 = _mm256_set1_epi8(0x0f), five = _mm256_set1_epi8(0x10);
@@ -48,12 +62,8 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *blk = w + (size_t)b * rb;
-#pragma GCC unroll 9
-        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
-        const __m256 mw = pd_r16_has_min(RT)
-            ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + pd_r16_m_off(RT) + 16 * half)))
-            : _mm256_mul_ps(dw, _mm256_set1_ps((float)-pd_r16_offset(RT)));
+        __m256 dw, mw;
+        r16_block_scales(RT, blk, half, &dw, &mw);
         const char *qs = blk + pd_r16_qs_off(RT) + 32 * half;
         __m256i u[8];
         if (RT == PD_Q8_0_R16) {
@@ -88,7 +98,7 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                     s0 = R16_DOT_Q8(s0, u[g], xb->qs + 4 * g);
                     s1 = R16_DOT_Q8(s1, u[g + 4], xb->qs + 16 + 4 * g);
                 }
-            } else if (R16_PAIRS_SUMS(RT)) {
+            } else if (R16_HAS_PAIRS) {
                 /* int16 sums of the vpmaddubsw pairs, widened once (R16_PAIRS, see the top) */
                 __m256i p0 = R16_PAIRS(u[0], xb->qs), p1 = R16_PAIRS(u[4], xb->qs + 16);
 #pragma GCC unroll 3
@@ -115,16 +125,14 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                     s1 = R16_DOT(s1, u[g + 4], xb->qs + 16 + 4 * g);
                 }
             }
-            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), sc, acc[c]);
-            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), acc[c]);
+            acc[c] = r16_accumulate(acc[c], _mm256_add_epi32(s0, s1), dw, mw, xb);
         }
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
 }
 
-#ifdef R16_HAVE_PAIRS
+#if R16_HAS_PAIRS
 /* Q8_0 where R16_PAIRS is defined (AVX2): u = w + 128 does not fit vpmaddubsw's signed pair sum
  * (2 * 255 * 127 > 32767), so each unsigned byte is split into nibbles, u = 16 hi + lo, each
  * nibble's dots summed in int16 over the block's 8 registers as the 4-bit formats do and widened
@@ -140,10 +148,8 @@ AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, 
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const char *blk = w + (size_t)b * rb;
-#pragma GCC unroll 9
-        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
-        const __m256 mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+        __m256 dw, mw;
+        r16_block_scales(PD_Q8_0_R16, blk, half, &dw, &mw);
         const char *qs = blk + pd_r16_qs_off(PD_Q8_0_R16) + 32 * half;
         __m256i pl[4], ph[4];
 #pragma GCC unroll 8
@@ -163,25 +169,15 @@ AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, 
         for (int c = 0; c < C; c++) {
             const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
             const __m256i s = _mm256_add_epi32(R16_WIDEN(pl[c]), _mm256_madd_epi16(ph[c], _mm256_set1_epi16(16)));
-            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[c]);
-            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), acc[c]);
+            acc[c] = r16_accumulate(acc[c], s, dw, mw, xb);
         }
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * ys + 8 * half, acc[c]);
 }
-AI void tile_r16_q8_pairs(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
-    if (C == 1) {
-        tile_r16_half(PD_Q8_0_R16, 1, nb, w, half, x, xs, y, ys);   /* decode: the sign trick is shorter */
-        return;
-    }
-    if (C == 2) tile_r16_q8_half(2, nb, w, half, x, xs, y, ys);
-    else if (C == 3) tile_r16_q8_half(3, nb, w, half, x, xs, y, ys);
-    else tile_r16_q8_half(4, nb, w, half, x, xs, y, ys);
-}
+/* (decode, one column: the sign trick is shorter there) */
 #define R16_TILE(RT, C, ...) \
-    ((RT) == PD_Q8_0_R16 ? tile_r16_q8_pairs(C, __VA_ARGS__) : tile_r16_half(RT, C, __VA_ARGS__))
+    ((RT) == PD_Q8_0_R16 && (C) > 1 ? tile_r16_q8_half(C, __VA_ARGS__) : tile_r16_half(RT, C, __VA_ARGS__))
 #else
 #define R16_TILE(RT, C, ...) tile_r16_half(RT, C, __VA_ARGS__)
 #endif
