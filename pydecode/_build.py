@@ -33,11 +33,13 @@ X86_ISA_SOURCES = {
 }
 
 
-# ARM64 (Linux aarch64, macOS arm64): the baseline table and the dot-product one, each with its
-# own -march (never -mcpu=native): one build runs on every aarch64 CPU.
+# ARM64 (Linux aarch64, macOS arm64): the baseline table, the dot-product one and the int8
+# matrix-multiply one, each with its own -march (never -mcpu=native): one build runs on every
+# aarch64 CPU.
 ARM_ISA_SOURCES = {
     "csrc/kernels/arm/neon.c": (["-march=armv8-a"], "PD_HAVE_NEON"),
     "csrc/kernels/arm/dotprod.c": (["-march=armv8.2-a+dotprod"], "PD_HAVE_DOTPROD"),
+    "csrc/kernels/arm/i8mm.c": (["-march=armv8.2-a+dotprod+i8mm"], "PD_HAVE_I8MM"),
 }
 
 

@@ -310,7 +310,7 @@ class Model:
             msg = ffi.string(err).decode(errors="replace")
             if "instruction set" in msg:
                 raise ValueError(msg + " (choose with isa= or PYDECODE_ISA: scalar; avx2, avxvnni, avx512 on x86-64; "
-                                       "neon, dotprod on ARM64)")
+                                       "neon, dotprod, i8mm on ARM64)")
             raise ModelError(f"{self.path}: {msg}")
         self._ptr = ptr
         # What the C core repacked at load (one log line per tensor at DEBUG, a summary at INFO).

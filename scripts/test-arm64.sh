@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The ARM64 kernel tables proven without ARM hardware: tests/arm/check_kernels.c, cross-compiled
 # with the core's kernel files (each ARM file with the -march pydecode/_build.py gives it), run
-# under qemu-aarch64 as CPUs with and without the dot product:
-#   -cpu max          every feature: run-time selection must pick dotprod; both tables checked
+# under qemu-aarch64 as CPUs with and without the dot product and the int8 matrix multiply:
+#   -cpu max          every feature: run-time selection must pick i8mm; all three tables checked
+#   -cpu neoverse-n1  ARMv8.2 + dotprod, no i8mm (Graviton 2, Ampere Altra): dotprod
 #   -cpu cortex-a76   ARMv8.2 + dotprod (a Raspberry Pi 5 / Snapdragon-class core): dotprod
-#   -cpu cortex-a53   ARMv8.0, no dotprod: neon is picked, and dotprod refuses to run
-#   PYDECODE_ISA=neon forces the baseline table on a CPU that has more
+#   -cpu cortex-a53   ARMv8.0, no dotprod: neon is picked, and dotprod and i8mm refuse to run
+#   PYDECODE_ISA=neon|dotprod forces a lower table on a CPU that has more
+# (qemu 7.2 has no named CPU model with i8mm but without SVE-era extras; `max` stands for the
+# Apple M2+/Neoverse V1+ class.)
 # Each run checks every table the CPU supports against the scalar table on every block format
 # (bit-identical for the integer paths, stated tolerances for the float ones).
 #
@@ -91,12 +94,15 @@ run() {
     return
   fi
   printf 'test-arm64.sh: -cpu %-11s %-18s selected %-8s | %s\n' "$cpu" "$*" "$got" \
-    "$(grep -E '^(neon|dotprod):' <<<"$log" | tr '\n' ' ')"
+    "$(grep -E '^(neon|dotprod|i8mm):' <<<"$log" | tr '\n' ' ')"
 }
-run max dotprod
+run max i8mm
+run neoverse-n1 dotprod
 run cortex-a76 dotprod
 run cortex-a53 neon
 run max neon PYDECODE_ISA=neon
+run max dotprod PYDECODE_ISA=dotprod
+run cortex-a76 unsupported PYDECODE_ISA=i8mm
 run cortex-a53 unsupported PYDECODE_ISA=dotprod
 [ "$fail" = 0 ] && echo "test-arm64.sh: every ARM kernel at every level agrees with its scalar twin" >&2
 exit "$fail"

@@ -40,7 +40,7 @@ ATTN_REL = 1e-5
 
 # avxvnni_evex: the AVX-VNNI table's source with its VEX dots as EVEX ones (x86/avxvnni_evex.c),
 # so its logic runs on AVX-512 VNNI hosts that lack AVX-VNNI
-ISAS = ["scalar", "avx2", "avxvnni", "avxvnni_evex", "avx512", "neon", "dotprod"]
+ISAS = ["scalar", "avx2", "avxvnni", "avxvnni_evex", "avx512", "neon", "dotprod", "i8mm"]
 SIMD_ISAS = ISAS[1:]
 K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0] + K_TYPES

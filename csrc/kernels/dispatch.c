@@ -1,6 +1,6 @@
 /* Run-time choice of the kernel table: compiled in AND supported by this CPU (and its OS,
  * which must save the wide registers). Preference: avx512 > avxvnni > avx2 > scalar on x86-64,
- * dotprod > neon on ARM64.
+ * i8mm > dotprod > neon on ARM64.
  *
  * OS support: __builtin_cpu_supports reads XCR0 with XGETBV (libgcc's cpuinfo; compiler-rt does
  * the same) and reports the AVX/AVX2/FMA/AVX-VNNI features only when the OS saves the YMM state,
@@ -43,12 +43,18 @@ static int cpu_has_avxvnni(void) {
 #endif
 }
 
-/* ARM64: Advanced SIMD is part of every aarch64 CPU; the dot product (FEAT_DotProd) is read
- * from the kernel's hardware capabilities on Linux (HWCAP_ASIMDDP, bit 20 of AT_HWCAP) and from
- * sysctl on macOS. (The macros are spelled out: older libc headers lack them.) */
+/* ARM64: Advanced SIMD is part of every aarch64 CPU; the dot product (FEAT_DotProd) and the int8
+ * matrix multiply (FEAT_I8MM) are read from the kernel's hardware capabilities on Linux
+ * (HWCAP_ASIMDDP, bit 20 of AT_HWCAP; HWCAP2_I8MM, bit 13 of AT_HWCAP2) and from sysctl on
+ * macOS. (The macros are spelled out: older libc headers lack them.) The i8mm table also runs
+ * SDOT, so it needs both. */
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
 static int cpu_has_dotprod(void) { return (getauxval(AT_HWCAP) >> 20) & 1; }
+static int cpu_has_i8mm(void) { return cpu_has_dotprod() && ((getauxval(AT_HWCAP2) >> 13) & 1); }
 #elif defined(__aarch64__) && defined(__APPLE__)
 #include <sys/sysctl.h>
 static int sysctl_flag(const char *name) {
@@ -57,8 +63,10 @@ static int sysctl_flag(const char *name) {
     return sysctlbyname(name, &v, &n, NULL, 0) == 0 && v != 0;
 }
 static int cpu_has_dotprod(void) { return sysctl_flag("hw.optional.arm.FEAT_DotProd"); }
+static int cpu_has_i8mm(void) { return cpu_has_dotprod() && sysctl_flag("hw.optional.arm.FEAT_I8MM"); }
 #else
 static int cpu_has_dotprod(void) { return 0; }
+static int cpu_has_i8mm(void) { return 0; }
 #endif
 
 /* Named table if compiled in and usable here, else NULL. */
@@ -82,6 +90,9 @@ static const pd_kernels *by_name(const char *name) {
 #if defined(PD_HAVE_DOTPROD)
     if (strcmp(name, "dotprod") == 0) return cpu_has_dotprod() ? &pd_kernels_dotprod : NULL;
 #endif
+#if defined(PD_HAVE_I8MM)
+    if (strcmp(name, "i8mm") == 0) return cpu_has_i8mm() ? &pd_kernels_i8mm : NULL;
+#endif
     return NULL;
 }
 
@@ -94,6 +105,9 @@ static const pd_kernels *best(void) {
 #endif
 #if defined(PD_HAVE_AVX2)
     if (cpu_has_avx2()) return &pd_kernels_avx2;
+#endif
+#if defined(PD_HAVE_I8MM)
+    if (cpu_has_i8mm()) return &pd_kernels_i8mm;
 #endif
 #if defined(PD_HAVE_DOTPROD)
     if (cpu_has_dotprod()) return &pd_kernels_dotprod;

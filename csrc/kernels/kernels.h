@@ -1,4 +1,4 @@
-/* The kernel table: one per ISA (scalar; x86: avx2, avxvnni, avx512; ARM: neon, dotprod), picked at run time by
+/* The kernel table: one per ISA (scalar; x86: avx2, avxvnni, avx512; ARM: neon, dotprod, i8mm), picked at run time by
  * dispatch.c; every entry of every table has a plain-C twin in scalar.c that the tests compare
  * it with. The block formats the entries read are formats.h's. */
 #ifndef PD_KERNELS_H
@@ -71,6 +71,9 @@ extern const pd_kernels pd_kernels_neon;      /* ARMv8-A Advanced SIMD (every aa
 #endif
 #if defined(PD_HAVE_DOTPROD)
 extern const pd_kernels pd_kernels_dotprod;   /* ARMv8.2 dot product (SDOT) */
+#endif
+#if defined(PD_HAVE_I8MM)
+extern const pd_kernels pd_kernels_i8mm;      /* + ARMv8.6 int8 matrix multiply (SMMLA) batch tiles */
 #endif
 
 /* The table `forced` names, else the one $PYDECODE_ISA names, else the best this CPU supports;

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import click
 
 DEFAULT_MODEL = "smollm2-135m"
-ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "dotprod")   # every kernel table (csrc/kernels/dispatch.c)
+ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm")   # every kernel table (csrc/kernels/dispatch.c)
 
 
 # ---------------------------------------------------------------- options

@@ -25,7 +25,7 @@ static float frnd(void) { return ((float)rnd() / 4294967296.0f) * 2.0f - 1.0f; }
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("  FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
 
-static const char *TABLES[] = { "neon", "dotprod" };
+static const char *TABLES[] = { "neon", "dotprod", "i8mm" };
 enum { NTYPES = 13 };
 static const int TYPES[NTYPES] = { PD_Q4_0, PD_Q4_1, PD_Q5_0, PD_Q5_1, PD_Q8_0, PD_Q2_K, PD_Q3_K,
                                    PD_Q4_K, PD_Q5_K, PD_Q6_K, PD_F32, PD_F16, PD_BF16 };
@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
     printf("best: %s\n", pd_isa_best());
     const char **names = (const char **)argv + 1;
     int n = argc - 1;
-    if (n == 0) { names = TABLES; n = 2; }
+    if (n == 0) { names = TABLES; n = (int)(sizeof TABLES / sizeof TABLES[0]); }
     int checked = 0;
     for (int i = 0; i < n; i++) {
         const pd_kernels *K = pd_kernels_select(names[i]);

@@ -198,23 +198,28 @@ AI void q4k_row(int C, const char *blk, const pd_q8k *const *xb, int32_t *isum, 
     }
 }
 
-AI void q6k_row(int C, const char *blk, const pd_q8k *const *xb, int32_t *isum) {
-    const pd_block_q6_k *b = (const pd_block_q6_k *)blk;
+/* Q6_K values 128h + 32i + l0 .. +15 (i < 4: sub-block 8h + 2i + l0/16) as signed int8 */
+AI void q6k_unpack(const pd_block_q6_k *b, int h, int l0, int8x16_t q[4]) {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(0x03);
     const int8x16_t off = vdupq_n_s8(32);
+    const uint8_t *ql = b->ql + 64 * h + l0, *qh = b->qh + 32 * h + l0;
+    const uint8x16_t a = vld1q_u8(ql), bq = vld1q_u8(ql + 32), hb = vld1q_u8(qh);
+    q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(a, m4), vshlq_n_u8(vandq_u8(hb, m2), 4))), off);
+    q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(bq, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m2), 4))), off);
+    q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(a, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m2), 4))), off);
+    q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(bq, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), off);
+}
+
+AI void q6k_row(int C, const char *blk, const pd_q8k *const *xb, int32_t *isum) {
+    const pd_block_q6_k *b = (const pd_block_q6_k *)blk;
     int32x4_t acc[4];
     for (int c = 0; c < C; c++) acc[c] = vdupq_n_s32(0);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++)
 #pragma GCC unroll 2
-        for (int l0 = 0; l0 < 32; l0 += 16) {   /* values 128h + 32i + l0 .. +15, i < 4: sub-block 8h + 2i + l0/16 */
-            const uint8_t *ql = b->ql + 64 * h + l0, *qh = b->qh + 32 * h + l0;
-            const uint8x16_t a = vld1q_u8(ql), bq = vld1q_u8(ql + 32), hb = vld1q_u8(qh);
+        for (int l0 = 0; l0 < 32; l0 += 16) {
             int8x16_t q[4];
-            q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(a, m4), vshlq_n_u8(vandq_u8(hb, m2), 4))), off);
-            q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(bq, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m2), 4))), off);
-            q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(a, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m2), 4))), off);
-            q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(bq, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), off);
+            q6k_unpack(b, h, l0, q);
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
@@ -226,23 +231,28 @@ AI void q6k_row(int C, const char *blk, const pd_q8k *const *xb, int32_t *isum) 
     for (int c = 0; c < C; c++) isum[c] = vaddvq_s32(acc[c]);
 }
 
+/* sum_s m[s] * bsums[s] of an unpacked K-quant super-block against one column */
+AI int32_t kblock_msum(const pd_kblock *kb, const pd_q8k *x) {
+    const int16x8_t m0 = vld1q_s16(kb->m), m1 = vld1q_s16(kb->m + 8);
+    const int16x8_t b0 = vld1q_s16(x->bsums), b1 = vld1q_s16(x->bsums + 8);
+    int32x4_t ms = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
+    ms = vmlal_high_s16(ms, m0, b0);
+    ms = vmlal_s16(ms, vget_low_s16(m1), vget_low_s16(b1));
+    ms = vmlal_high_s16(ms, m1, b1);
+    return vaddvq_s32(ms);
+}
+
 /* Any K-quant through the common unpacked form (kernels.h: pd_kblock). */
 AI void kgeneric_row(int T, int C, const char *blk, const pd_q8k *const *xb, int32_t *isum, int32_t *msum,
                      float *d, float *dmin) {
     pd_kblock kb;
     pd_unpack_kblock(T, blk, &kb);
-    const int16x8_t m0 = vld1q_s16(kb.m), m1 = vld1q_s16(kb.m + 8);
     for (int c = 0; c < C; c++) {
         int32x4_t acc = vdupq_n_s32(0);
 #pragma GCC unroll 16
         for (int s = 0; s < 16; s++) acc = dot16x(acc, vld1q_s8(kb.q + 16 * s), xb[c]->qs + 16 * s, kb.sc[s]);
-        const int16x8_t b0 = vld1q_s16(xb[c]->bsums), b1 = vld1q_s16(xb[c]->bsums + 8);
-        int32x4_t ms = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
-        ms = vmlal_high_s16(ms, m0, b0);
-        ms = vmlal_s16(ms, vget_low_s16(m1), vget_low_s16(b1));
-        ms = vmlal_high_s16(ms, m1, b1);
         isum[c] = vaddvq_s32(acc);
-        msum[c] = vaddvq_s32(ms);
+        msum[c] = kblock_msum(&kb, xb[c]);
     }
     *d = kb.d;
     *dmin = kb.dmin;
@@ -318,8 +328,12 @@ AI void arm_tile(int T, int R, int C, int k, const char *w, size_t ws, const cha
     else if (T == PD_Q2_K || T == PD_Q3_K || T == PD_Q4_K || T == PD_Q5_K || T == PD_Q6_K) ktile(T, R, C, k / PD_QKK, w, ws, x, xs, y, ys);
     else atile(T, R, C, k / PD_QK, w, ws, x, xs, y, ys);
 }
+#if defined(ARM_MMLA)
+#include "kernels/arm/mmla.h"
+#else
 #define ARM_TILE(R_, C_, r_, c_) arm_tile(T, R_, C_, k, (const char *)w + (size_t)(r_) * ws, ws, \
                                           (const char *)x + (size_t)(c_) * xs, xs, y + (size_t)(c_) * ys + (r_), ys)
+#endif
 /* A table entry: 4-row tiles, then single rows, each over the columns in groups of up to 4. */
 #define ARM_MATMUL(name, type)                                                                \
     static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,   \
