@@ -66,6 +66,16 @@ BATCH = [
 ]
 LLAMA_GEMM = {"q4_0": "ggml_gemm_q4_0_4x8_q8_0", "q8_0": "ggml_gemm_q8_0_4x8_q8_0",
               "q4_k": "ggml_gemm_q4_K_8x8_q8_K", "q6_k": "ggml_gemm_q6_K_8x8_q8_K"}
+# the 16-row repacked layouts (dotprod and i8mm tables; the loader repacks Q4_0..Q8_0 with them):
+# one quarter (4 rows) of a record set x 1 column, as matmul_r16 runs decode
+OURS_R16 = [
+    ("q4_0 r16", 18, 32, f"r16_quarter(PD_Q4_0_R16, 1, {NB}, w, 0, x, 0, y, 1)"),
+    ("q8_0 r16", 34, 32, f"r16_quarter(PD_Q8_0_R16, 1, {NB}, w, 0, x, 0, y, 1)"),
+]
+BATCH_R16 = [   # (the same SDOT-by-element tile in both tables; an SMMLA one on this layout was slower)
+    ("q4_0 r16", f"r16_quarter(PD_Q4_0_R16, 4, {NB}, w, 0, x, 34, y, 1)", None),
+    ("q8_0 r16", f"r16_quarter(PD_Q8_0_R16, 4, {NB}, w, 0, x, 34, y, 1)", None),
+]
 LLAMA = {"q4_0": "ggml_vec_dot_q4_0_q8_0", "q8_0": "ggml_vec_dot_q8_0_q8_0",
          "q4_k": "ggml_vec_dot_q4_K_q8_K", "q6_k": "ggml_vec_dot_q6_K_q8_K"}
 
@@ -112,7 +122,7 @@ def main() -> int:
     rows = []
     for src, (flags, _) in ARM_ISA_SOURCES.items():
         isa = os.path.basename(src)[:-2]
-        for fmt, bb, vals, call in OURS:
+        for fmt, bb, vals, call in OURS + (OURS_R16 if isa != "neon" else []):
             text = compile_asm(f'#include "{os.path.relpath(src, "csrc")}"\n'
                                f"void mca_loop(const char *w, const char *x, float *y) {{ {call}; }}\n",
                                None, flags, [os.path.join(ROOT, "csrc")])
@@ -157,7 +167,7 @@ def batch_table(mca: str, a) -> list[dict]:
     """int8 multiply-adds per cycle of the batch tiles: ours (dotprod, i8mm) and llama.cpp's i8mm."""
     srcs = {os.path.basename(src)[:-2]: (src, flags) for src, (flags, _) in ARM_ISA_SOURCES.items()}
     rows = []
-    for fmt, sdot_call, mm_call in BATCH:
+    for fmt, sdot_call, mm_call in BATCH + BATCH_R16:
         for isa, call in (("dotprod", sdot_call), ("i8mm", mm_call)):
             if call is None:
                 continue

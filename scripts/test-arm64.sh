@@ -65,13 +65,18 @@ for line in "${ARMFILES[@]}"; do
   "$CC" "${COMMON[@]}" $flags -Icsrc -c "$src" -o "$obj"
   OBJS+=("$obj")
 done
-for src in csrc/kernels/scalar.c csrc/kernels/quant.c csrc/kernels/kquant_r16.c csrc/kernels/dispatch.c tests/arm/check_kernels.c; do
-  obj="$OUT/$(basename "$src" .c).o"
+# Every core source (the build's SOURCES list), then the two drivers.
+mapfile -t CORE < <("${PYTHON:-python3}" -c 'import runpy; print("\n".join(runpy.run_path("pydecode/_build.py")["SOURCES"]))')
+for src in "${CORE[@]}"; do
+  obj="$OUT/$(echo "$src" | tr / _ | sed 's/\.c$//').o"
   "$CC" "${COMMON[@]}" "${DEFS[@]}" -Icsrc -c "$src" -o "$obj"
   OBJS+=("$obj")
 done
-"$CC" -static -o "$OUT/check_kernels" "${OBJS[@]}" -lm
-echo "test-arm64.sh: built $OUT/check_kernels with $("$CC" -dumpfullversion 2>/dev/null || "$CC" -dumpversion)" >&2
+for drv in check_kernels check_forward; do
+  "$CC" "${COMMON[@]}" "${DEFS[@]}" -Icsrc -c "tests/arm/$drv.c" -o "$OUT/$drv.o"
+  "$CC" -static -pthread -o "$OUT/$drv" "${OBJS[@]}" "$OUT/$drv.o" -lm
+done
+echo "test-arm64.sh: built $OUT/check_kernels and check_forward with $("$CC" -dumpfullversion 2>/dev/null || "$CC" -dumpversion)" >&2
 
 fail=0
 # run CPU EXPECTED [ENV...]: the table selection must print EXPECTED, and every check pass
@@ -96,6 +101,19 @@ run() {
   printf 'test-arm64.sh: -cpu %-11s %-18s selected %-8s | %s\n' "$cpu" "$*" "$got" \
     "$(grep -E '^(neon|dotprod|i8mm):' <<<"$log" | tr '\n' ' ')"
 }
+# The forward pass on every table the CPU runs (tests/arm/check_forward.c): prefill against the
+# scalar table, cached decode against recomputing, a batch step against single decodes.
+forward() {
+  local cpu=$1 log
+  if ! log=$("$QEMU" -cpu "$cpu" "$OUT/check_forward" 2>&1); then
+    echo "$log"
+    echo "test-arm64.sh: forward pass FAILED under -cpu $cpu" >&2
+    fail=1
+    return
+  fi
+  printf 'test-arm64.sh: -cpu %-11s forward pass  | %s\n' "$cpu" "$(tail -1 <<<"$log")"
+  sed 's/^/    /' <<<"$log" | grep -v '^    forward:' >&2
+}
 run max i8mm
 run neoverse-n1 dotprod
 run cortex-a76 dotprod
@@ -104,5 +122,7 @@ run max neon PYDECODE_ISA=neon
 run max dotprod PYDECODE_ISA=dotprod
 run cortex-a76 unsupported PYDECODE_ISA=i8mm
 run cortex-a53 unsupported PYDECODE_ISA=dotprod
+forward max
+forward cortex-a53
 [ "$fail" = 0 ] && echo "test-arm64.sh: every ARM kernel at every level agrees with its scalar twin" >&2
 exit "$fail"

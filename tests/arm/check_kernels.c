@@ -151,6 +151,34 @@ static void check_matmuls(const pd_kernels *K) {
     }
 }
 
+/* The 16-row repacked layouts (formats.h: PD_*_R16) where the table has them: pd_repack's copy of
+ * random rows against pd_scalar_matmul_r16, the layout's plain-C twin, bit for bit, for decode
+ * and batch column counts (odd ones too: the i8mm table's SMMLA tile leaves the last to SDOT). */
+static void check_repacked(const pd_kernels *K) {
+    static const int LEGACY[] = { PD_Q4_0, PD_Q4_1, PD_Q5_0, PD_Q5_1, PD_Q8_0 };
+    static const int SHAPES[][3] = { { 16, 256, 1 }, { 32, 512, 2 }, { 48, 1024, 3 }, { 16, 768, 4 }, { 32, 256, 5 },
+                                     { 16, 1536, 9 } };
+    for (size_t ti = 0; ti < sizeof LEGACY / sizeof LEGACY[0]; ti++) {
+        const int t = LEGACY[ti], rt = pd_repacked_type(t);
+        if (!K->matmul[rt]) continue;
+        int bad = 0;
+        for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+            const int nrows = SHAPES[si][0], k = SHAPES[si][1], ncols = SHAPES[si][2];
+            size_t rb, cb;
+            uint8_t *w = random_weights(t, nrows, k, &rb), *packed = malloc(rb * nrows);
+            if (pd_repack(t, w, rb, nrows, k, packed)) { bad = 1; free(w); free(packed); continue; }
+            float *xf = random_floats((size_t)ncols * k, 2.0f);
+            void *x = activations(t, xf, ncols, k, &cb);
+            float *ys = calloc((size_t)nrows * ncols, sizeof(float)), *ya = calloc((size_t)nrows * ncols, sizeof(float));
+            pd_scalar_matmul_r16(rt, k, packed, rb, nrows, x, cb, ncols, ys, nrows);
+            K->matmul[rt](k, packed, rb, nrows, x, cb, ncols, ya, nrows);
+            bad |= memcmp(ys, ya, (size_t)nrows * ncols * sizeof(float)) != 0;
+            free(w); free(packed); free(xf); free(x); free(ys); free(ya);
+        }
+        CHECK(!bad, "%s matmul %s (16-row repacked) differs from pd_scalar_matmul_r16 (bits)", K->name, pd_type_name(t));
+    }
+}
+
 static double rel_err(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
 
 static void check_float_kernels(const pd_kernels *K) {
@@ -240,6 +268,7 @@ int main(int argc, char **argv) {
         const int before = failures;
         check_quantizers(K);
         check_matmuls(K);
+        check_repacked(K);
         check_float_kernels(K);
         printf("%s: %s\n", K->name, failures == before ? "every kernel agrees with scalar" : "MISMATCH");
         checked++;

@@ -354,6 +354,9 @@ ARM_MATMUL(matmul_q6_k, PD_Q6_K)
 ARM_MATMUL(matmul_f32, PD_F32)
 ARM_MATMUL(matmul_f16, PD_F16)
 ARM_MATMUL(matmul_bf16, PD_BF16)
+#if defined(ARM_R16)   /* the dotprod and i8mm tables: the 16-row repacked layouts */
+#include "kernels/arm/r16.h"
+#endif
 
 /* ---------------------------------------------------------------- KV cache, attention */
 static void f32_to_f16(const float *x, uint16_t *y, int n) {
