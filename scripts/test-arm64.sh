@@ -10,7 +10,14 @@
 # (qemu 7.2 has no named CPU model with i8mm but without SVE-era extras; `max` stands for the
 # Apple M2+/Neoverse V1+ class.)
 # Each run checks every table the CPU supports against the scalar table on every block format
-# (bit-identical for the integer paths, stated tolerances for the float ones).
+# (bit-identical for the integer paths, stated tolerances for the float ones), and the repacked
+# layouts' kernels against their plain-C twin. Then tests/arm/check_forward.c runs the whole
+# forward pass through the C API (every core source, cross-compiled) on a tiny random model:
+# prefill against the scalar table, cached decode against recomputing, a batch step against
+# single decodes, with and without repacking, under -cpu max (every table) and cortex-a53.
+# (Not a whole aarch64 Python under qemu: Debian's arm64 python3 with numpy, cffi, tokenizers,
+# sentencepiece and the test models under emulation would add many minutes of CI for these same
+# C paths; the Python layers above them are not ISA-specific.)
 #
 # Needs gcc-aarch64-linux-gnu and qemu-user (Debian): installed with apt-get where missing and
 # this user may (root, or sudo without a password). Exit 0 on success, 1 on a failure, 77 when the
