@@ -140,13 +140,7 @@ def main() -> int:
     print("|" + "---|" * (5 + len(a.mcpu)))
     for who, isa, fmt, asm, bb, vals in rows:
         nbytes = bytes_per_iteration(asm, isa, bb, vals)
-        bpc = {}
-        for cpu in a.mcpu:
-            try:
-                bpc[cpu] = nbytes / mca_cycles(mca, asm, cpu, triple="aarch64") if nbytes else None
-            except (RuntimeError, AttributeError) as e:
-                bpc[cpu] = None
-                print(f"  {who} {isa} {fmt} on {cpu}: {e}", file=sys.stderr)
+        bpc = per_cycle(mca, asm, nbytes, a.mcpu, f"{who} {isa} {fmt}")
         out.append({"who": who, "isa": isa, "format": fmt, "instructions": len(asm), "bytes": nbytes, "bpc": bpc})
         cells = ["err" if v is None else f"{v:.1f}" for v in bpc.values()]
         print(f"| {who} | {isa} | {fmt} | {len(asm)} | {nbytes:.0f} | " + " | ".join(cells) + " |")
@@ -156,6 +150,18 @@ def main() -> int:
         with open(a.json, "w") as f:
             json.dump({"decode": out, "batch": out_batch}, f, indent=1)
     return 0
+
+
+def per_cycle(mca: str, asm: list[str], amount: float, cpus: list[str], what: str) -> dict:
+    """{cpu: amount per iteration / llvm-mca's cycles per iteration} (None where it failed)."""
+    out = {}
+    for cpu in cpus:
+        try:
+            out[cpu] = amount / mca_cycles(mca, asm, cpu, triple="aarch64") if amount else None
+        except (RuntimeError, AttributeError) as e:
+            out[cpu] = None
+            print(f"  {what} on {cpu}: {e}", file=sys.stderr)
+    return out
 
 
 def macs_per_iteration(asm: list[str]) -> int:
@@ -202,13 +208,7 @@ def batch_table(mca: str, a) -> list[dict]:
     print("|" + "---|" * (5 + len(a.batch_mcpu)))
     for who, tile, fmt, asm in rows:
         macs = macs_per_iteration(asm)
-        mpc = {}
-        for cpu in a.batch_mcpu:
-            try:
-                mpc[cpu] = macs / mca_cycles(mca, asm, cpu, triple="aarch64") if macs else None
-            except (RuntimeError, AttributeError) as e:
-                mpc[cpu] = None
-                print(f"  {who} {tile} {fmt} on {cpu}: {e}", file=sys.stderr)
+        mpc = per_cycle(mca, asm, macs, a.batch_mcpu, f"{who} {tile} {fmt}")
         out.append({"who": who, "tile": tile, "format": fmt, "instructions": len(asm), "macs": macs, "macs_per_cycle": mpc})
         cells = ["err" if v is None else f"{v:.0f}" for v in mpc.values()]
         print(f"| {who} | {tile} | {fmt} | {len(asm)} | {macs} | " + " | ".join(cells) + " |")

@@ -1,11 +1,11 @@
 /* The i8mm table's batch tiles (SMMLA, ARMv8.6 FEAT_I8MM), included by kernels/arm/arm.h when
- * kernels/arm/i8mm.c defines ARM_MMLA: it sees arm.h's helpers (aunpack, dot32, q4k_row, q6k_row,
- * kgeneric_row, ftile, ...) and defines ARM_TILE, the tile every table entry runs. */
+ * kernels/arm/i8mm.c defines ARM_MMLA: it sees arm.h's helpers (aunpack, dot32, arm_tile, ...) and
+ * defines ARM_TILE, the tile every table entry of the file's layouts runs. */
 #ifndef PD_ARM_MMLA_H
 #define PD_ARM_MMLA_H
 /* ---------------------------------------------------------------- i8mm: SMMLA batch tiles
  * The i8mm table (kernels/arm/i8mm.c defines ARM_MMLA) runs every 4-row tile of 2+ columns of a
- * block format as 2 x 2 sub-tiles: SMMLA multiplies 8 values of two rows (a 2 x 8 int8 matrix)
+ * legacy block format (Q4_0 .. Q8_0) in the file's layout as 2 x 2 sub-tiles: SMMLA multiplies 8 values of two rows (a 2 x 8 int8 matrix)
  * by the same 8 values of two columns into the four int32 dots [r0.c0, r0.c1, r1.c0, r1.c1],
  * 32 multiply-adds per instruction (SDOT: 16), and the four dots arrive in the lanes of one
  * register instead of each needing its own sum across lanes. Same exact integers per block;
