@@ -3,6 +3,8 @@ files with their own flags. The source lists and flags are pydecode/_build.py's.
 import concurrent.futures
 import os
 import runpy
+import sys
+import tempfile
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -13,6 +15,19 @@ _build = runpy.run_path(os.path.join(HERE, "pydecode", "_build.py"))
 
 
 class BuildExt(build_ext):
+    def flags_supported(self, flags) -> bool:
+        """Whether this compiler takes an ISA file's flags (an older gcc lacks -mavxvnni before 11,
+        the i8mm extension before 10): that table is then left out, and the rest still builds."""
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "probe.c")
+            with open(src, "w") as f:
+                f.write("int pd_flags_probe;\n")
+            try:
+                self.compiler.compile([src], output_dir=d, extra_postargs=flags + ["-fPIC"])
+                return True
+            except Exception:   # distutils' CompileError (its module moved between setuptools versions)
+                return False
+
     def build_extension(self, ext):
         if ext.name == "pydecode._core":
             # Any C source or header change relinks (extra objects are not in the up-to-date check).
@@ -21,7 +36,13 @@ class BuildExt(build_ext):
                 for d, _, files in os.walk(os.path.join(HERE, "csrc")) for f in files if f.endswith((".c", ".h")))
             # The ISA files are the slow ones (big SIMD kernels at -O3, or under the sanitizers):
             # compiled side by side, one compiler process per core.
-            sources = _build["isa_sources"]()
+            sources = {}
+            for src, (flags, macro) in _build["isa_sources"]().items():
+                if self.flags_supported(flags):
+                    sources[src] = (flags, macro)
+                else:
+                    print(f"pydecode: this compiler rejects {' '.join(flags)}: {src} left out (its kernel table "
+                          f"is not built; a newer compiler gives it)", file=sys.stderr)
 
             def compile_one(src):
                 flags, _ = sources[src]

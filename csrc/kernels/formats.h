@@ -112,7 +112,7 @@ static inline size_t pd_r16_bytes(int rt) { return pd_r16_qs_off(rt) + (rt == PD
  * PD_R16_ROWS) rows of k values from the file's layout (row stride src_stride) to dst. */
 int pd_repacked_type(int type);
 int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, void *dst);
-/* The plain-C twin of the AVX-512 kernels of the repacked types (tests compare them bit for
+/* The plain-C twin of the SIMD kernels of the repacked types, x86 and ARM64 (tests compare them bit for
  * bit; no scalar table uses it, as the file's layout is as fast there). rt: a PD_*_R16. */
 void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,
                           int ncols, float *y, size_t ys);

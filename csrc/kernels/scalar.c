@@ -129,8 +129,8 @@ SCALAR_MATMUL(matmul_q4_1, matmul_q8act, blk_q4_1, pd_block_q4_1)
 SCALAR_MATMUL(matmul_q5_0, matmul_q8act, blk_q5_0, pd_block_q5_0)
 SCALAR_MATMUL(matmul_q5_1, matmul_q8act, blk_q5_1, pd_block_q5_1)
 
-/* The legacy formats repacked by 16 rows (kernels.h: PD_*_R16): the AVX-512 kernel's arithmetic,
- * lane by lane, so the two agree bit for bit: per block, the integer dot sum(u * a), then
+/* The legacy formats repacked by 16 rows (kernels.h: PD_*_R16): the SIMD kernels' arithmetic
+ * (x86: avx512.c, r16_256.h; ARM64: arm/r16.h), lane by lane, so they agree bit for bit: per block, the integer dot sum(u * a), then
  * acc = fma(float(dot), d*dx, acc) and acc = fma(mw, s, acc) (fmaf rounds once, as the
  * instruction does), mw = m or d * -offset. */
 void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,

@@ -3,8 +3,8 @@
  * suite that needs no Python, run under qemu-aarch64 by scripts/test-arm64.sh (a whole aarch64
  * Python under emulation would cost CI minutes for the same C paths; see the script).
  *
- * The model: 2 llama-style layers over every block format the tables have a kernel for (Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0 in layer 0; Q4_K, Q6_K, Q8_0 in layer 1; a Q8_0 output head), sizes
+ * The model: 2 llama-style layers over the block formats of real files (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0 in layer 0; Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K in layer 1; a Q8_0 output head), sizes
  * that the 16-row repacked layouts take, grouped-query attention. Checks, on each ARM table
  * this CPU runs, with the weights repacked at load (as a user gets them) and without:
  *   1. prefill logits of every position against the scalar table's (file layout): within
@@ -16,8 +16,8 @@
  *      AVX2 table as here. A wrong kernel or a misplaced repacked row is off by far more;
  *   2. cached decode against recomputing the whole prefix, step by step (pydecode verify's rule):
  *      within 2e-3 of the largest |logit|;
- *   3. two sequences in one batch step against each decoded alone: the batch tiles (SMMLA,
- *      several columns) against the decode ones, same tolerance.
+ *   3. two sequences in one batch step against the same tokens of each prefilled alone: the
+ *      2-column tiles (SMMLA, repacked) against the many-column ones, same tolerance.
  * Prints one line per table and layout; exits 1 on any failure. */
 #include "pydecode.h"
 #include "kernels/kernels.h"

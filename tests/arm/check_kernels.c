@@ -153,7 +153,7 @@ static void check_matmuls(const pd_kernels *K) {
 
 /* The 16-row repacked layouts (formats.h: PD_*_R16) where the table has them: pd_repack's copy of
  * random rows against pd_scalar_matmul_r16, the layout's plain-C twin, bit for bit, for decode
- * and batch column counts (odd ones too: the i8mm table's SMMLA tile leaves the last to SDOT). */
+ * and batch column counts (1..4 columns per tile, and more). */
 static void check_repacked(const pd_kernels *K) {
     static const int LEGACY[] = { PD_Q4_0, PD_Q4_1, PD_Q5_0, PD_Q5_1, PD_Q8_0 };
     static const int SHAPES[][3] = { { 16, 256, 1 }, { 32, 512, 2 }, { 48, 1024, 3 }, { 16, 768, 4 }, { 32, 256, 5 },

@@ -1,8 +1,10 @@
 /* The ARM64 kernel table's body, written once for every level: kernels/arm/neon.c (baseline
- * ARMv8 Advanced SIMD) and kernels/arm/dotprod.c (ARMv8.2 SDOT) include it, each compiled with
- * its own -march, after defining
+ * ARMv8 Advanced SIMD), kernels/arm/dotprod.c (ARMv8.2 SDOT) and kernels/arm/i8mm.c (+ SMMLA)
+ * include it, each compiled with its own -march, after defining
  *     ARM_DOT(acc, a, b)   acc (int32x4) + the dot products of a and b (int8x16) in groups of 4
- * (the lanes a group lands in do not matter: every caller sums all four lanes).
+ * (the lanes a group lands in do not matter: every caller sums all four lanes), and optionally
+ *     ARM_R16              the 16-row repacked layouts' entries (kernels/arm/r16.h: SDOT by element)
+ *     ARM_MMLA             SMMLA batch tiles for the file's layout (kernels/arm/mmla.h)
  *
  * Arithmetic (why these kernels equal the scalar table's bit for bit, not within a tolerance):
  * every block format's dot is an exact integer per block (per 32 values for the legacy formats,
@@ -130,6 +132,11 @@ AI void aunpack(int T, const char *blk, int8x16_t *w0, int8x16_t *w1, float *dw,
     *w1 = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8((int8_t)off));
 }
 
+/* scalar.c's block step: blk = dw * dx * (float)dot [+ m * s] (sum += blk is the caller's) */
+AI float ablk(int T, float dw, float mw, const pd_q8 *xb, float dot) {
+    return has_min(T) ? dw * xb->d * dot + mw * xb->s : dw * xb->d * dot;
+}
+
 AI void atile(int T, int R, int C, int nb, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {
     const size_t bb = qblock_bytes(T);
     float sum[4][4] = { { 0 } };
@@ -143,9 +150,7 @@ AI void atile(int T, int R, int C, int nb, const char *w, size_t ws, const char 
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
                 const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
-                const float dot = (float)dot32(w0, w1, xb->qs);
-                /* scalar.c: blk = dw * dx * (float)dot [+ m * s]; sum += blk */
-                sum[r][c] += has_min(T) ? dw * xb->d * dot + mw * xb->s : dw * xb->d * dot;
+                sum[r][c] += ablk(T, dw, mw, xb, (float)dot32(w0, w1, xb->qs));
             }
         }
     }

@@ -2,7 +2,7 @@
  * and later, Neoverse V1/N2/V2, Snapdragon X): the dot-product table (SDOT for one column) with
  * the batch tiles of kernels/arm/mmla.h for prefill and batched decode, where 4 rows meet 2+
  * columns of a legacy format in the file's layout (Q8_0, which this table does not repack; the
- * others when repacking is off); the 4-bit formats' repacked layouts as dotprod runs them.
+ * others when repacking is off or a tensor cannot be repacked); the nibble formats' repacked layouts as dotprod runs them.
  * Compiled with -march=armv8.2-a+dotprod+i8mm (pydecode/_build.py); dispatch.c picks it where
  * the CPU reports both features (Linux: HWCAP2_I8MM; macOS: hw.optional.arm.FEAT_I8MM). */
 #if defined(__aarch64__)

@@ -72,10 +72,7 @@ AI void atile_mm(int T, int C, int nb, const char *w, size_t ws, const char *x, 
         if (C & 1) {
             const pd_q8 *xb = (const pd_q8 *)(x + (C - 1) * xs) + b;
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                const float dot = (float)dot32(w0[r], w1[r], xb->qs);
-                tail[r] += has_min(T) ? dw[r] * xb->d * dot + mw[r] * xb->s : dw[r] * xb->d * dot;
-            }
+            for (int r = 0; r < 4; r++) tail[r] += ablk(T, dw[r], mw[r], xb, (float)dot32(w0[r], w1[r], xb->qs));
         }
     }
     for (int q = 0; q < C / 2; q++)

@@ -16,7 +16,7 @@
  * 8 unpacked weight registers, 2 activation registers and 2 accumulators per column. The same
  * tile serves decode and batches: SDOT by element reuses each activation register for every
  * row, so llvm-mca predicts it above both SMMLA tiles (on the file's layout, kernels/arm/mmla.h,
- * and on this one, where each 2 x 8 operand costs a ZIP) for the 4-bit formats; Q8_0 it leaves
+ * and on this one, where each 2 x 8 operand costs a ZIP) for the nibble formats (Q4_*, Q5_*); Q8_0 it leaves
  * to the i8mm table's file-layout SMMLA tile (bench/README.md). */
 #ifndef PD_ARM_R16_H
 #define PD_ARM_R16_H
@@ -34,7 +34,7 @@ AI void r16_unpack(int RT, const char *blk, int qr, int8x16_t u[8]) {
     for (int g = 0; g < 4; g++) {   /* low nibbles: values 4g..4g+3; high: 16 + 4g.. */
         const uint8x16_t v = vld1q_u8(qs + 64 * g);
         uint8x16_t lo = vandq_u8(v, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(v, 4);
-        if (pd_r16_has_hmask(RT)) {   /* lane 4j + t of the quarter is bit 16qr + 4j + t of hm[h] */
+        if (pd_r16_has_hmask(RT)) {   /* lane 4j + t of the quarter is bit 16qr + 4j + t of hm[g], hm[g + 4] */
             lo = vorrq_u8(lo, fifth_bits((uint8_t)(hm[g] >> 16 * qr), (uint8_t)(hm[g] >> (16 * qr + 8))));
             hi = vorrq_u8(hi, fifth_bits((uint8_t)(hm[g + 4] >> 16 * qr), (uint8_t)(hm[g + 4] >> (16 * qr + 8))));
         }
@@ -118,7 +118,9 @@ ARM_R16_MATMUL(matmul_q4_0_r16, PD_Q4_0_R16)
 ARM_R16_MATMUL(matmul_q4_1_r16, PD_Q4_1_R16)
 ARM_R16_MATMUL(matmul_q5_0_r16, PD_Q5_0_R16)
 ARM_R16_MATMUL(matmul_q5_1_r16, PD_Q5_1_R16)
+#if !defined(ARM_MMLA)   /* (the i8mm table keeps Q8_0 in the file's layout) */
 ARM_R16_MATMUL(matmul_q8_0_r16, PD_Q8_0_R16)
+#endif
 /* The table entries (after PD_KERNEL_TABLE's name). A format without one stays in the file's
  * layout (load.c repacks only where the table has the repacked type's matmul): the i8mm table
  * keeps Q8_0 there, where its SMMLA batch tile beats this one and decode is even. */
