@@ -24,4 +24,25 @@
         }                                                                                     \
         r += R;                                                                               \
     }
+
+/* The walk of a matmul over a 16-row repacked layout (formats.h: PD_*_R16; nrows a multiple of
+ * 16): each group of 16 rows, the columns in groups of up to 4, each group in PARTS passes over
+ * the rows' records (x86's 256-bit tiles: 2 halves of 8 rows; ARM: 4 quarters of 4).
+ * tile(C, part, g, xc, yc): C constant; g the group's records, xc its first column, yc the
+ * output of its first row and column (the tile offsets its part's rows itself). */
+#define RUN_R16_TILES(PARTS, TILE)                                                            \
+    for (int r = 0; r < nrows; r += PD_R16_ROWS) {                                            \
+        const char *g = (const char *)w + (size_t)r * ws;                                     \
+        for (int c = 0; c < ncols; c += 4) {                                                  \
+            const char *xc = (const char *)x + (size_t)c * xs;                                \
+            float *yc = y + (size_t)c * ys + r;                                               \
+            for (int part = 0; part < (PARTS); part++)                                        \
+                switch (ncols - c >= 4 ? 4 : ncols - c) {                                     \
+                case 1: TILE(1, part, g, xc, yc); break;                                      \
+                case 2: TILE(2, part, g, xc, yc); break;                                      \
+                case 3: TILE(3, part, g, xc, yc); break;                                      \
+                default: TILE(4, part, g, xc, yc); break;                                     \
+                }                                                                             \
+        }                                                                                     \
+    }
 #endif

@@ -92,24 +92,11 @@ AI void r16_quarter(int RT, int C, int nb, const char *g, int qr, const char *x,
     for (int c = 0; c < C; c++) vst1q_f32(y + c * ys, acc[c]);
 }
 
+#define R16_QUARTER(C, qr, g, xc, yc) r16_quarter(RT, C, nb, g, qr, xc, xs, (yc) + 4 * (qr), ys)
 AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
                    float *y, size_t ys) {
     const int nb = k / PD_QK;
-    for (int r = 0; r < nrows; r += PD_R16_ROWS) {
-        const char *g = (const char *)w + (size_t)r * ws;
-        for (int c = 0; c < ncols; c += 4) {
-            const char *xc = (const char *)x + (size_t)c * xs;
-            for (int qr = 0; qr < 4; qr++) {
-                float *yq = y + (size_t)c * ys + r + 4 * qr;
-                switch (ncols - c >= 4 ? 4 : ncols - c) {
-                case 1: r16_quarter(RT, 1, nb, g, qr, xc, xs, yq, ys); break;
-                case 2: r16_quarter(RT, 2, nb, g, qr, xc, xs, yq, ys); break;
-                case 3: r16_quarter(RT, 3, nb, g, qr, xc, xs, yq, ys); break;
-                default: r16_quarter(RT, 4, nb, g, qr, xc, xs, yq, ys); break;
-                }
-            }
-        }
-    }
+    RUN_R16_TILES(4, R16_QUARTER)
 }
 #define ARM_R16_MATMUL(name, rt)                                                                 \
     static void name(int k, const void *w, size_t ws, int nrows, const void *x, size_t xs,      \

@@ -182,23 +182,11 @@ AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, 
 #define R16_TILE(RT, C, ...) tile_r16_half(RT, C, __VA_ARGS__)
 #endif
 
+#define R16_HALF(C, half, g, xc, yc) R16_TILE(RT, C, nb, g, half, xc, xs, yc, ys)
 AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const void *x, size_t xs, int ncols,
                    float *y, size_t ys) {
     const int nb = k / PD_QK;
-    for (int r = 0; r < nrows; r += PD_R16_ROWS) {
-        const char *g = (const char *)w + (size_t)r * ws;
-        for (int c = 0; c < ncols; c += 4) {
-            const char *xc = (const char *)x + (size_t)c * xs;
-            float *yc = y + (size_t)c * ys + r;
-            for (int half = 0; half < 2; half++)
-                switch (ncols - c >= 4 ? 4 : ncols - c) {
-                case 1: R16_TILE(RT, 1, nb, g, half, xc, xs, yc, ys); break;
-                case 2: R16_TILE(RT, 2, nb, g, half, xc, xs, yc, ys); break;
-                case 3: R16_TILE(RT, 3, nb, g, half, xc, xs, yc, ys); break;
-                default: R16_TILE(RT, 4, nb, g, half, xc, xs, yc, ys); break;
-                }
-        }
-    }
+    RUN_R16_TILES(2, R16_HALF)
 }
 
 PD_R16_MATMULS   /* the table's entry points over matmul_r16 (kernels/x86/common.h) */
