@@ -20,6 +20,9 @@ typedef struct {
     size_t row_bytes;
 } pd_tensor;
 
+/* KV cache formats (pd_config.kv_type). */
+enum { PD_KV_F32 = 0, PD_KV_F16 = 1, PD_KV_Q8_0 = 2 };
+
 /* Tensor slots: model-wide, then PD_LAYER_SLOTS per layer. Optional slots may be absent. */
 enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_ROPE_FREQS = 3, PD_GLOBAL_SLOTS = 4 };
 /* PD_ROPE_FREQS (optional, Llama 3.1+): F32[rope_dim/2] divisors of the global layers' RoPE frequencies. */
@@ -45,7 +48,8 @@ typedef struct {
     const uint8_t *local_layers;  /* [n_layer]: 1 where a layer attends over the window only
                                      (Python's ArchConfig.layer_is_local decides; NULL: none) */
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
-    int kv_f16;              /* 1: F16 cache (default), 0: F32 */
+    int kv_type;             /* the cache's format: PD_KV_F16 (default), PD_KV_F32, or PD_KV_Q8_0 (GGML's
+                                block_q8_0: per 32 values an f16 scale and 32 int8; head_dim % 32 == 0) */
     int n_threads;
     int n_seq;               /* sequence slots in the KV cache (0 -> 1): sequences decoded together */
     int no_repack;           /* 1: every weight stays in the file's layout (zero-copy); 0: formats
@@ -74,10 +78,20 @@ const char *pd_model_error(const pd_model *m);
 const char *pd_model_isa(const pd_model *m);
 size_t pd_model_kv_bytes(const pd_model *m);
 /* The KV cache's pieces, so that a test can check pd_model_kv_bytes() against the formula
- * 2 x sum over layers(kv_cap(l)) x n_head_kv x head_dim x kv_elem_bytes: positions layer l holds
- * (n_ctx, or window + n_batch for sliding-window layers; -1 for a bad layer) and bytes per value. */
+ * 2 x sum over layers(kv_cap(l)) x n_seq x kv_row_bytes: positions layer l holds (n_ctx, or
+ * window + n_batch for sliding-window layers; -1 for a bad layer) and the bytes of one position's
+ * K (or V) in one layer: n_head_kv x head_dim values (x 4, x 2, or / 32 x 34 for Q8_0). */
 int pd_model_kv_cap(const pd_model *m, int layer);
-int pd_model_kv_elem_bytes(const pd_model *m);
+size_t pd_model_kv_row_bytes(const pd_model *m);
+/* A slot's cache as bytes, for save / restore and hand-off between processes (core/kvstate.c):
+ * after n_pos positions (0..n_pos-1) of slot seq, per layer the K rows then the V rows of the
+ * positions a later step can still read (all n_pos; a sliding-window layer: the last
+ * min(n_pos, window)), in position order, in the cache's format. pd_model_kv_export_bytes says
+ * how many bytes that is; import writes them back into slot seq of a model of the same shapes
+ * and cache format (then its steps continue from position n_pos as the exporter's would). */
+size_t pd_model_kv_export_bytes(const pd_model *m, int n_pos);
+int pd_model_kv_export(pd_model *m, int seq, int n_pos, void *buf, size_t len);
+int pd_model_kv_import(pd_model *m, int seq, int n_pos, const void *buf, size_t len);
 int pd_model_n_seq(const pd_model *m);
 /* Threads that run a step of one token (a single-sequence decode): 1..n_threads, 0 for all (the
  * default). Bigger steps always use every thread. A model too small to gain from every core
@@ -139,8 +153,13 @@ int pd_kernel_quantize_q8k(const char *isa, const float *x, void *out, int k);
 const char *pd_type_name(int type);   /* GGML's name of a type id, "unknown" otherwise */
 /* g[i] = act(g[i]) * u[i] (SiLU, or tanh-GELU when gelu), the gated FFN activation. */
 int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu);
-int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
+/* Attention as a step computes it (core/attention.c): n_q query heads q[n_q][head_dim] sharing one
+ * KV head, over n_pos cached rows k[n_pos], v[n_pos] in the cache format kv_type (one head's
+ * head_dim values per row, rows contiguous); out[n_q][head_dim] = softmax(scale q.K^T) V. */
+int pd_kernel_attn(const char *isa, int kv_type, int n_q, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
+/* x[k] into k/32 GGML Q8_0 blocks (the KV cache's Q8_0 rows), by isa's quantizer. */
+int pd_kernel_quantize_q8_0(const char *isa, const float *x, void *out, int k);
 
 /* Sampling primitives (sampling.c): policy stays in Python, these keep a step's cost small. */
 float pd_max_f32(const float *x, int n);

@@ -60,9 +60,10 @@ class ArchConfig:
     swa_period: int
     tied_output: bool
 
-    def kv_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes."""
-        return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_element
+    def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
+        """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
+        (per value: 2 for f16, 4 for f32, 34/32 for q8_0: Model.kv_elem_bytes)."""
+        return round(2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_element)
 
     def layer_is_local(self, layer: int) -> bool:
         """Whether a layer attends over a sliding window: the one rule (the C core is told per
@@ -78,10 +79,10 @@ class ArchConfig:
             return positions
         return min(positions, self.sliding_window + (ring_extra or 0))
 
-    def kv_bytes(self, positions: int, bytes_per_element: int = 2, ring_extra: int | None = None) -> int:
+    def kv_bytes(self, positions: int, bytes_per_element: float = 2, ring_extra: int | None = None) -> int:
         """KV cache bytes for `positions` positions: 2 x n_kv_heads x positions x head_dim x bytes
         per layer (sliding-window layers capped at their window, see kv_positions), summed."""
-        per_position = 2 * self.n_head_kv * self.head_dim * bytes_per_element
+        per_position = round(2 * self.n_head_kv * self.head_dim * bytes_per_element)
         return sum(per_position * self.kv_positions(l, positions, ring_extra) for l in range(self.n_layer))
 
     def weight_bytes_per_token(self, gguf: GGUFFile) -> int:

@@ -29,6 +29,9 @@ DEFAULT_N_BATCH = 256
 MAX_N_BATCH = 65536
 MAX_THREADS = 512
 MAX_N_SEQ = 4096
+# The KV cache's formats (pd_config.kv_type): f16 (default), f32, and q8_0 (GGML's Q8_0 blocks:
+# per 32 values an f16 scale and 32 int8, 34 bytes: 53% of f16's; needs head_dim % 32 == 0).
+KV_TYPES = {"f16": lib.PD_KV_F16, "f32": lib.PD_KV_F32, "q8_0": lib.PD_KV_Q8_0}
 
 
 def available_memory() -> int | None:
@@ -140,7 +143,8 @@ class Model:
         then use the fastest count measured once per CPU and model shape, `decode_threads`:
         threadcount.py); n_batch: tokens per step
         (prefill chunk size, and the most tokens one batch_step takes); kv_type: "f16" or "f32"
-        cache; isa: force "scalar"/"avx2"/... kernels (default: best, or $PYDECODE_ISA);
+        cache, or "q8_0" (8-bit blocks, about half of f16's bytes: longer contexts in the same memory,
+        and faster decode at depth); isa: force "scalar"/"avx2"/... kernels (default: best, or $PYDECODE_ISA);
         n_seq: sequence slots in the KV cache (sequences that batch_step decodes together);
         repack: let the C core copy the weights whose format has a faster interleaved layout on
         this CPU into it at load (default True, or $PYDECODE_REPACK=0 for False): `repacked`
@@ -154,8 +158,8 @@ class Model:
             raise ValueError(f"n_ctx must be an integer in 1..{INT_MAX}, got {n_ctx!r}")
         if n_threads is not None and (not _is_int(n_threads) or not 1 <= n_threads <= MAX_THREADS):
             raise ValueError(f"n_threads must be an integer in 1..{MAX_THREADS}, got {n_threads!r}")
-        if kv_type not in ("f16", "f32"):
-            raise ValueError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(map(repr, KV_TYPES))}, got {kv_type!r}")
         if not _is_int(n_batch) or not 1 <= n_batch <= MAX_N_BATCH:
             raise ValueError(f"n_batch must be an integer in 1..{MAX_N_BATCH}, got {n_batch!r}")
         if not _is_int(n_seq) or not 1 <= n_seq <= MAX_N_SEQ:
@@ -280,7 +284,7 @@ class Model:
         self._local_layers = ffi.new("uint8_t[]", [int(c.layer_is_local(l)) for l in range(c.n_layer)])
         cfg.local_layers = self._local_layers
         cfg.rope_freq_scale = c.rope_freq_scale
-        cfg.kv_f16 = int(self.kv_type == "f16")
+        cfg.kv_type = KV_TYPES[self.kv_type]
         cfg.n_seq = self.n_seq
         cfg.no_repack = int(not self.repack)
         cfg.weights_mapped = 1   # gguf_file maps the file read-only
@@ -411,6 +415,32 @@ class Model:
             self._check(rc)
         return logits
 
+    # ---- a slot's cache as bytes (pydecode/kvstate.py: save / restore, hand-off) ----
+
+    def export_kv(self, seq: int, n_pos: int) -> bytearray:
+        """The K/V rows that positions 0..n_pos-1 of slot seq left in the cache (the ones a later
+        step still reads: a sliding-window layer keeps its last window), in the cache's format."""
+        slot = self._slot(seq)
+        if not _is_int(n_pos) or not 0 <= n_pos <= self.n_ctx:
+            raise ContextFullError(f"{n_pos!r} positions do not fit in the context of {self.n_ctx} tokens")
+        with self._lock:
+            self._usable(None, None)
+            buf = bytearray(lib.pd_model_kv_export_bytes(self._ptr, n_pos))
+            self._check(lib.pd_model_kv_export(self._ptr, slot, n_pos, ffi.from_buffer(buf), len(buf)))
+        return buf
+
+    def import_kv(self, seq: int, n_pos: int, data, *, lease: object = None) -> None:
+        """Writes what export_kv gave (of a model of the same shapes and kv_type) into slot seq:
+        its steps then continue from position n_pos exactly as the exporter's would. `lease` as
+        in prefill."""
+        slot = self._slot(seq)
+        if not _is_int(n_pos) or not 0 <= n_pos <= self.n_ctx:
+            raise ContextFullError(f"{n_pos!r} positions do not fit in the context of {self.n_ctx} tokens")
+        view = memoryview(data).cast("B")
+        with self._lock:
+            self._usable(slot, lease)
+            self._check(lib.pd_model_kv_import(self._ptr, slot, n_pos, ffi.from_buffer(view), len(view)))
+
     def _slot(self, seq) -> int:
         if not _is_int(seq) and not isinstance(seq, np.integer) or not 0 <= seq < self.n_seq:
             raise ValueError(f"sequence slot must be an integer in 0..{self.n_seq - 1}, got {seq!r}")
@@ -489,11 +519,17 @@ class Model:
             return ffi.string(lib.pd_model_isa(self._ptr)).decode()
 
     @property
-    def kv_elem_bytes(self) -> int:
-        """Bytes of one cached K or V value (2 for the F16 cache, 4 for F32)."""
+    def kv_row_bytes(self) -> int:
+        """Bytes of one position's K (or V) in one layer: n_head_kv x head_dim values of the cache's
+        format (x 2 for f16, x 4 for f32, x 34/32 for q8_0)."""
         with self._lock:
             self._usable(None, None)
-            return int(lib.pd_model_kv_elem_bytes(self._ptr))
+            return int(lib.pd_model_kv_row_bytes(self._ptr))
+
+    @property
+    def kv_elem_bytes(self) -> float:
+        """Bytes of one cached K or V value: 2 (f16), 4 (f32), 34/32 (q8_0, scales included)."""
+        return self.kv_row_bytes / (self.config.n_head_kv * self.config.head_dim)
 
     @property
     def kv_bytes(self) -> int:

@@ -119,12 +119,12 @@ def _c_caps(m):
     return [lib.pd_model_kv_cap(m._ptr, l) for l in range(m.config.n_layer)]
 
 
-@pytest.mark.parametrize("kv_type,elem", [("f16", 2), ("f32", 4)])
+@pytest.mark.parametrize("kv_type,elem", [("f16", 2), ("f32", 4), ("q8_0", 34 / 32)])
 @pytest.mark.parametrize("n_ctx", [1, 100, 4096])
 def test_kv_formula_equals_allocation_smollm(smollm_path, kv_type, elem, n_ctx):
     m = pydecode.Model(smollm_path, n_ctx=n_ctx, n_threads=1, kv_type=kv_type)
     c = m.config
-    assert lib.pd_model_kv_elem_bytes(m._ptr) == elem
+    assert lib.pd_model_kv_row_bytes(m._ptr) == c.n_head_kv * c.head_dim * elem == m.kv_elem_bytes * c.n_head_kv * c.head_dim
     assert _c_caps(m) == [n_ctx] * c.n_layer
     assert m.kv_bytes == 2 * c.n_layer * c.n_head_kv * n_ctx * c.head_dim * elem == c.kv_bytes(n_ctx, elem)
     assert lib.pd_model_kv_cap(m._ptr, -1) == -1 and lib.pd_model_kv_cap(m._ptr, c.n_layer) == -1
@@ -194,7 +194,7 @@ def _attend(isa, q, keys, values, head_dim, f16):
     if f16:
         ka, va = ka.astype(np.float16), va.astype(np.float16)   # 0, 1, -1: exact in F16
     out = np.zeros(head_dim, np.float32)
-    rc = lib.pd_kernel_attn(isa.encode(), int(f16), ffi.from_buffer("float[]", qa), ffi.from_buffer(ka),
+    rc = lib.pd_kernel_attn(isa.encode(), int(f16), 1, ffi.from_buffer("float[]", qa), ffi.from_buffer(ka),
                             ffi.from_buffer(va), n, head_dim, float(SCALE), ffi.from_buffer("float[]", out))
     assert rc == lib.PD_OK
     assert not out[2:].any()
@@ -245,7 +245,7 @@ def test_attention_kernel_refuses_bad_arguments():
     out = np.zeros(4, np.float32)
     args = (ffi.from_buffer("float[]", q), ffi.from_buffer(q), ffi.from_buffer(q))
     for n_pos, hd in ((0, 4), (1, 0), (-1, 4)):
-        assert lib.pd_kernel_attn(b"scalar", 0, *args, n_pos, hd, 1.0, ffi.from_buffer("float[]", out)) == lib.PD_EINVAL
-    assert lib.pd_kernel_attn(b"no-such-isa", 0, *args, 1, 4, 1.0, ffi.from_buffer("float[]", out)) == lib.PD_EINVAL
-    assert lib.pd_kernel_attn(b"scalar", 0, ffi.NULL, args[1], args[2], 1, 4, 1.0,
+        assert lib.pd_kernel_attn(b"scalar", 0, 1, *args, n_pos, hd, 1.0, ffi.from_buffer("float[]", out)) == lib.PD_EINVAL
+    assert lib.pd_kernel_attn(b"no-such-isa", 0, 1, *args, 1, 4, 1.0, ffi.from_buffer("float[]", out)) == lib.PD_EINVAL
+    assert lib.pd_kernel_attn(b"scalar", 0, 1, ffi.NULL, args[1], args[2], 1, 4, 1.0,
                               ffi.from_buffer("float[]", out)) == lib.PD_EINVAL

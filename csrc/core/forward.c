@@ -79,10 +79,6 @@ static void norm_input(pd_model *m, const float *src, size_t src_stride, const p
 
 /* ---------------- phases: work shared in chunks (threadpool.h) ---------------- */
 
-/* for each chunk c of this phase that this thread takes: ... ; then wait for the phase */
-#define FOR_CHUNKS(w, n, c) for (int c; ((c) = pd_chunk((w), (n))) >= 0; pd_chunk_done(w))
-#define END_PHASE(w, n) do { if (pd_phase_end((w), (n))) return -1; } while (0)
-
 
 /* Per-token phase: norm (or copy) + quantize every token's input row. */
 static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride, const pd_tensor *nw,
@@ -90,54 +86,6 @@ static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride
     FOR_CHUNKS(w, n, t) norm_input(m, src, stride, nw, n_in, t);
     END_PHASE(w, n);
     return 0;
-}
-
-/* ---------------- attention ---------------- */
-
-/* Row of position p of sequence slot s in layer l's cache (in elements). */
-static size_t kv_row(const pd_model *m, int l, int s, int p) {
-    return ((size_t)s * m->kv_cap[l] + (size_t)(p % m->kv_cap[l])) * m->c.n_head_kv * m->c.head_dim;
-}
-
-/* append_kv: the K and V rows of a token (sequence slot s, position p) go into layer l's cache. */
-static void append_kv(pd_model *m, int l, int s, int p, const float *k, const float *v) {
-    int kvd = m->c.n_head_kv * m->c.head_dim;
-    p = (int)(kv_row(m, l, s, p) / kvd);
-    if (m->c.kv_f16) {
-        m->kt->f32_to_f16(k, (uint16_t *)m->kc[l] + (size_t)p * kvd, kvd);
-        m->kt->f32_to_f16(v, (uint16_t *)m->vc[l] + (size_t)p * kvd, kvd);
-    } else {
-        memcpy((float *)m->kc[l] + (size_t)p * kvd, k, (size_t)kvd * sizeof(float));
-        memcpy((float *)m->vc[l] + (size_t)p * kvd, v, (size_t)kvd * sizeof(float));
-    }
-}
-
-/* One query head over positions [lo, hi] of sequence slot sq: scaled dot products, stable
- * softmax, weighted sum of V. The positions sit in the slot's ring as at most two contiguous
- * runs of rows (before and after the wrap); the kernels stream each run once. */
-static void attend(pd_model *m, int l, int sq, int kvh, const float *q, int lo, int hi, float scale,
-                   float *scores, float *out) {
-    const pd_kernels *K = m->kt;
-    int hd = m->c.head_dim, cap = m->kv_cap[l], f16 = m->c.kv_f16;
-    size_t kvd = (size_t)m->c.n_head_kv * hd, esz = m->kv_elem, off = (size_t)kvh * hd;
-    int run[2], n_runs = 0, from[2];
-    for (int p = lo; p <= hi;) {          /* split [lo, hi] where the ring wraps */
-        int row = p % cap, len = hi - p + 1 < cap - row ? hi - p + 1 : cap - row;
-        from[n_runs] = p; run[n_runs++] = len;
-        p += len;
-    }
-    for (int r = 0; r < n_runs; r++)
-        K->attn_scores(q, (const char *)m->kc[l] + (kv_row(m, l, sq, from[r]) + off) * esz, kvd, run[r], hd,
-                       scale, f16, scores + (from[r] - lo));
-    int n = hi - lo + 1;
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = scores[i] > mx ? scores[i] : mx;
-    float inv = 1.0f / K->exp_sub(scores, n, mx);
-    for (int i = 0; i < n; i++) scores[i] *= inv;
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int r = 0; r < n_runs; r++)
-        K->attn_accum(out, scores + (from[r] - lo), (const char *)m->vc[l] + (kv_row(m, l, sq, from[r]) + off) * esz,
-                      kvd, run[r], hd, f16);
 }
 
 /* Rows [r0, r1) of a block's output (tmp) into the residual stream, for every token. */
@@ -207,25 +155,19 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
         for (int h = 0; h < c->n_head; h++) {
             if (qn->data) rmsnorm(q + h * hd, q + h * hd, (const float *)qn->data, hd, c->norm_eps);
             rope(q + h * hd, c->rope_dim, c->rope_neox, cs);
+            if (c->kv_type == PD_KV_Q8_0)   /* the query of a Q8_0 cache's integer scores */
+                m->kt->quantize_q8(q + h * hd, m->qq + (size_t)t * (qd / PD_QK) + h * (hd / PD_QK), hd);
         }
         for (int h = 0; h < c->n_head_kv; h++) {
             if (kn->data) rmsnorm(kk + h * hd, kk + h * hd, (const float *)kn->data, hd, c->norm_eps);
             rope(kk + h * hd, c->rope_dim, c->rope_neox, cs);
         }
-        append_kv(m, l, s->seq[t], s->pos[t], kk, vv);
+        pd_append_kv(m, l, s->seq[t], s->pos[t], kk, vv);
     }
     END_PHASE(w, n);
 
-    /* 4. attention: one (token, head) pair per chunk; causal, optional sliding window */
-    float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
-    int group = c->n_head / c->n_head_kv;
-    FOR_CHUNKS(w, n * c->n_head, i) {
-        int t = i / c->n_head, h = i % c->n_head, p = s->pos[t];
-        int lo = local && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
-        attend(m, l, s->seq[t], h / group, m->q + (size_t)t * qd + h * hd, lo, p, scale,
-               m->scores + (size_t)w->ith * c->n_ctx, m->att + (size_t)t * qd + h * hd);
-    }
-    END_PHASE(w, n * c->n_head);
+    /* 4. attention over the cached positions (core/attention.c) */
+    if (pd_attention(w, s, l)) return -1;
 
     /* 5. output projection (+ post-attention norm) into the residual stream */
     if (phase_norm(w, m, m->att, qd, NULL, qd, n)) return -1;

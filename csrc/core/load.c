@@ -64,6 +64,10 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
         return pd_set_err(err, len, "invalid rope_dim %d for head_dim %d", c->rope_dim, c->head_dim);
     if (c->n_embd % PD_QK || c->n_ff % PD_QK || (c->n_head * c->head_dim) % PD_QK)
         return pd_set_err(err, len, "model dims must be multiples of %d", PD_QK);
+    if (c->kv_type < PD_KV_F32 || c->kv_type > PD_KV_Q8_0)
+        return pd_set_err(err, len, "unknown KV cache type %d", c->kv_type);
+    if (c->kv_type == PD_KV_Q8_0 && c->head_dim % PD_QK)
+        return pd_set_err(err, len, "a q8_0 KV cache needs head_dim a multiple of %d (this model's is %d)", PD_QK, c->head_dim);
     if (nt != PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS)
         return pd_set_err(err, len, "expected %d tensor slots, got %d", PD_GLOBAL_SLOTS + c->n_layer * PD_LAYER_SLOTS, nt);
     int d = c->n_embd, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim, rc;
@@ -110,6 +114,7 @@ void pd_model_free(pd_model *m) {
     free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);
     free(m->x); free(m->xn); free(m->xq); free(m->xqk); free(m->q); free(m->kk); free(m->vv); free(m->att);
     free(m->gate); free(m->up); free(m->tmp); free(m->scores); free(m->rope_cs);
+    free(m->qq); free(m->attn_part);
     free(m->phases); free(m->step); free(m->pos); free(m->seq); free(m->out_idx); free(m->seq_next);
     free(m->summ); free(m->summ_cmax); free(m->summ_csum);
     for (int i = 0; i < m->n_repacked; i++) pd_huge_free(m->repacked[i], m->repacked_size[i]);
@@ -203,7 +208,7 @@ static int kv_capacity(const pd_config *c, int l) {
 
 /* The scratch buffers of a step, for up to n_batch tokens: their sizes in bytes, in one place
  * for the allocation (pd_model_new) and the estimate before it (pd_config_memory_bytes). */
-enum { S_X, S_XN, S_XQ, S_XQK, S_Q, S_KK, S_VV, S_ATT, S_GATE, S_UP, S_TMP, S_SCORES, S_ROPE, S_IDX, S_N };
+enum { S_X, S_XN, S_XQ, S_XQK, S_Q, S_KK, S_VV, S_ATT, S_GATE, S_UP, S_TMP, S_SCORES, S_ROPE, S_QQ, S_PART, S_IDX, S_N };
 static size_t max_input(const pd_config *c) {
     size_t d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim, mx = d > qd ? d : qd;
     return (size_t)c->n_ff > mx ? (size_t)c->n_ff : mx;
@@ -219,17 +224,19 @@ static void scratch_sizes(const pd_config *c, size_t sz[S_N]) {
     sz[S_Q] = sz[S_ATT] = nb * qd * sizeof(float);
     sz[S_KK] = sz[S_VV] = nb * kvd * sizeof(float);
     sz[S_GATE] = sz[S_UP] = nb * (size_t)c->n_ff * sizeof(float);
-    sz[S_SCORES] = (size_t)(c->n_threads > 0 ? c->n_threads : 1) * c->n_ctx * sizeof(float);
+    sz[S_SCORES] = (size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_attn_scratch_floats(c) * sizeof(float);
+    sz[S_QQ] = c->kv_type == PD_KV_Q8_0 ? nb * (qd / PD_QK) * sizeof(pd_q8) : sizeof(pd_q8);
+    sz[S_PART] = (size_t)pd_attn_wave(c) * c->n_head * pd_attn_max_chunks(c) * (c->head_dim + 2) * sizeof(float);
     sz[S_ROPE] = nb * 2 * (size_t)(rope_dim > 0 ? rope_dim : 2) * sizeof(float);
     sz[S_IDX] = nb * sizeof(int32_t);
 }
 
 /* The KV cache's bytes, all layers and slots. */
 static size_t kv_cache_bytes(const pd_config *c) {
-    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, elem = c->kv_f16 ? 2 : 4;
+    const size_t row = pd_kv_row_bytes(c);
     size_t total = 0;
     for (int l = 0; l < c->n_layer; l++)
-        total += 2 * (size_t)(c->n_seq > 0 ? c->n_seq : 1) * kv_capacity(c, l) * kvd * elem;
+        total += 2 * (size_t)(c->n_seq > 0 ? c->n_seq : 1) * kv_capacity(c, l) * row;
     return total;
 }
 
@@ -274,7 +281,6 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     memcpy(m->g, tensors, sizeof m->g);
     size_t nl = (size_t)cfg->n_layer * PD_LAYER_SLOTS;
     m->lt = malloc(nl * sizeof(pd_tensor));
-    const int kvd = cfg->n_head_kv * cfg->head_dim;
     m->max_in = max_input(cfg);
     m->xq_stride = m->max_in / PD_QK;
     m->xqk_stride = m->max_in / PD_QKK + 1;
@@ -284,7 +290,9 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->need_q8 |= f == PD_ACT_Q8;
         m->need_q8k |= f == PD_ACT_Q8K;
     }
-    m->kv_elem = cfg->kv_f16 ? 2 : 4;
+    m->kv_row_bytes = pd_kv_row_bytes(cfg);
+    m->attn_wave = pd_attn_wave(&m->c);
+    m->attn_max_chunks = pd_attn_max_chunks(&m->c);
     m->kc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->vc = calloc((size_t)cfg->n_layer, sizeof(void *));
     m->kv_cap = calloc((size_t)cfg->n_layer, sizeof(int));
@@ -292,7 +300,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
     for (int l = 0; ok && l < cfg->n_layer; l++) {
         const int cap = kv_capacity(&m->c, l);
         m->kv_cap[l] = cap;
-        size_t bytes = (size_t)m->c.n_seq * cap * kvd * m->kv_elem;
+        size_t bytes = (size_t)m->c.n_seq * cap * m->kv_row_bytes;
         m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
         m->vc[l] = calloc(1, bytes);
         ok = m->kc[l] && m->vc[l];
@@ -306,17 +314,17 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         void **buf[S_N] = { (void **)&m->x, (void **)&m->xn, (void **)&m->xq, (void **)&m->xqk,
                             (void **)&m->q, (void **)&m->kk, (void **)&m->vv, (void **)&m->att,
                             (void **)&m->gate, (void **)&m->up, (void **)&m->tmp, (void **)&m->scores,
-                            (void **)&m->rope_cs, (void **)&m->pos };
+                            (void **)&m->rope_cs, (void **)&m->qq, (void **)&m->attn_part, (void **)&m->pos };
         for (int i = 0; i < S_N; i++) *buf[i] = malloc(sz[i]);
         m->seq = malloc(sz[S_IDX]);
         m->out_idx = malloc(sz[S_IDX]);
-        m->n_phases = 4 + 12 * cfg->n_layer;
+        m->n_phases = pd_step_phases(m, m->c.n_batch);
         m->phases = aligned_alloc(64, (size_t)m->n_phases * sizeof(pd_phase));
         m->step = calloc(1, sizeof(step_ctx));
         m->seq_next = malloc((size_t)m->c.n_seq * sizeof(int32_t));
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
-             m->tmp && m->scores && m->rope_cs && m->phases && m->step && m->pool &&
+             m->tmp && m->scores && m->rope_cs && m->qq && m->attn_part && m->phases && m->step && m->pool &&
              m->pos && m->seq && m->out_idx && m->seq_next;
     }
     if (ok && repack_weights(m)) {
@@ -340,7 +348,7 @@ size_t pd_model_kv_bytes(const pd_model *m) { return m ? m->kv_bytes : 0; }
 int pd_model_kv_cap(const pd_model *m, int layer) {
     return m && layer >= 0 && layer < m->c.n_layer ? m->kv_cap[layer] : -1;
 }
-int pd_model_kv_elem_bytes(const pd_model *m) { return m ? (int)m->kv_elem : 0; }
+size_t pd_model_kv_row_bytes(const pd_model *m) { return m ? m->kv_row_bytes : 0; }
 int pd_model_n_seq(const pd_model *m) { return m ? m->c.n_seq : 0; }
 
 /* m runs its steps on from's threads from now on (a draft model and its target take turns, so
@@ -373,12 +381,11 @@ int pd_model_set_decode_threads(pd_model *m, int n) {
 int pd_model_grow_seq(pd_model *m, int n_seq) {
     if (!m) return PD_EINVAL;
     if (n_seq <= m->c.n_seq) return PD_OK;
-    const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim;
     int32_t *next = realloc(m->seq_next, (size_t)n_seq * sizeof(int32_t));
     if (!next) return pd_set_err(m->err, sizeof m->err, "out of memory growing to %d sequence slots", n_seq);
     m->seq_next = next;
     for (int l = 0; l < m->c.n_layer; l++) {
-        size_t bytes = (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+        size_t bytes = (size_t)n_seq * m->kv_cap[l] * m->kv_row_bytes;
         void *k = realloc(m->kc[l], bytes);
         if (!k) return pd_set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
         m->kc[l] = k;
@@ -387,7 +394,7 @@ int pd_model_grow_seq(pd_model *m, int n_seq) {
         m->vc[l] = v;
     }
     size_t total = 0;
-    for (int l = 0; l < m->c.n_layer; l++) total += 2 * (size_t)n_seq * m->kv_cap[l] * kvd * m->kv_elem;
+    for (int l = 0; l < m->c.n_layer; l++) total += 2 * (size_t)n_seq * m->kv_cap[l] * m->kv_row_bytes;
     m->kv_bytes = total;
     m->c.n_seq = n_seq;
     return PD_OK;

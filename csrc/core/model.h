@@ -30,7 +30,7 @@ struct pd_model {
      * of a sequence still sees its whole window). */
     void **kc, **vc;
     int *kv_cap;
-    size_t kv_elem, kv_bytes;
+    size_t kv_row_bytes, kv_bytes;   /* one position's K (or V) row of a layer (pd_kv_row_bytes); all */
     /* Scratch for up to n_batch tokens (row strides in elements / bytes below). */
     float *x;        /* residual stream [nb][d] */
     float *xn;       /* normed input of the next matmul [nb][max_in] */
@@ -42,7 +42,10 @@ struct pd_model {
     float *att;      /* attention output [nb][n_head*hd] */
     float *gate, *up;/* [nb][n_ff] */
     float *tmp;      /* matmul outputs before the residual add [nb][d] */
-    float *scores;   /* per thread [n_ctx] */
+    pd_q8 *qq;       /* q quantized per head [nb][qd/32] (a Q8_0 cache's scores) */
+    float *scores;   /* per thread [pd_attn_scratch_floats] (core/attention.c) */
+    float *attn_part;/* a wave's partial attention results [wave][n_head][attn_max_chunks][hd + 2] */
+    int attn_wave, attn_max_chunks;
     float *rope_cs;  /* [nb][2][rope_dim]: cos/sin per token for the global and the local base */
     int32_t *pos, *seq, *out_idx;  /* [nb]: the current step's positions, slots, logit rows */
     int32_t *seq_next;             /* [n_seq]: validation scratch (next position per slot) */
@@ -134,4 +137,21 @@ static inline int pd_matmul_chunk_rows(int rows, size_t row_bytes, int nth) {
 
 /* What every thread of the pool runs for a step (forward.c); ctx is the model's step_ctx. */
 void pd_forward_task(void *ctx, int ith, int nth);
+
+/* for each chunk c of this phase that this thread takes: ... ; then wait for the phase */
+#define FOR_CHUNKS(w, n, c) for (int c; ((c) = pd_chunk((w), (n))) >= 0; pd_chunk_done(w))
+#define END_PHASE(w, n) do { if (pd_phase_end((w), (n))) return -1; } while (0)
+
+/* The KV cache and attention (attention.c). A query's positions are cut at multiples of
+ * PD_ATTN_CHUNK; a step's tokens are attended in waves of at most PD_ATTN_MAX_WAVE. */
+#define PD_ATTN_CHUNK 256
+#define PD_ATTN_MAX_WAVE 256
+size_t pd_kv_row_bytes(const pd_config *c);
+int pd_attn_max_chunks(const pd_config *c);
+int pd_attn_wave(const pd_config *c);
+size_t pd_attn_scratch_floats(const pd_config *c);
+int pd_step_phases(const pd_model *m, int n);      /* phases a step of n tokens runs, at most */
+void pd_append_kv(pd_model *m, int l, int s, int p, const float *k, const float *v);
+int pd_attention(pd_worker *w, step_ctx *s, int l); /* layer l's attention phases; -1: fell behind */
+size_t pd_kv_layer_off(const pd_model *m, int l, int s, int p);   /* byte offset of (slot, position) */
 #endif

@@ -58,7 +58,7 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
      * thread. Reset after, a preempted reset stored a phase's next before that worker claimed its
      * chunk and the phase's done after the worker counted it: the count was lost and the phase never
      * ended (seen once in CI: both threads waiting at a norm phase, next = e|1, done = e|0). */
-    pd_phases_reset(m->phases, m->n_phases, s->epoch);
+    pd_phases_reset(m->phases, pd_step_phases(m, n), s->epoch);
     atomic_fetch_add_explicit(&m->step_seq, 1, memory_order_release);   /* even: consistent */
     pd_pool_run_async(m->pool, pd_forward_task, s, nth);
 }

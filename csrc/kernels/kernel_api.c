@@ -95,26 +95,6 @@ int pd_kernel_dequantize_row(int type, const void *w, float *y, int k) {
     return pd_dequantize_row(type, w, y, k) == 0 ? PD_OK : PD_EINVAL;
 }
 
-/* One query against n_pos cached K/V rows: out = softmax(scale * q.K^T) V. The max is
- * subtracted before exp so large scores cannot overflow. */
-int pd_kernel_attn(const char *isa, int f16, const float *q, const void *k, const void *v,
-                   int n_pos, int head_dim, float scale, float *out) {
-    const pd_kernels *kt = pd_kernels_select(isa);
-    if (!kt || !q || !k || !v || !out || n_pos <= 0 || head_dim <= 0) return PD_EINVAL;
-    float *p = malloc((size_t)n_pos * sizeof(float));
-    if (!p) return PD_ENOMEM;
-    /* the same kernel calls as attend() in core/forward.c */
-    kt->attn_scores(q, k, (size_t)head_dim, n_pos, head_dim, scale, f16, p);
-    float mx = -INFINITY;
-    for (int i = 0; i < n_pos; i++) mx = p[i] > mx ? p[i] : mx;
-    const float inv = 1.0f / kt->exp_sub(p, n_pos, mx);
-    for (int i = 0; i < n_pos; i++) p[i] *= inv;
-    memset(out, 0, (size_t)head_dim * sizeof(float));
-    kt->attn_accum(out, p, v, (size_t)head_dim, n_pos, head_dim, f16);
-    free(p);
-    return PD_OK;
-}
-
 int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu) {
     const pd_kernels *kt = pd_kernels_select(isa);
     if (!kt || !g || !u || n < 0) return PD_EINVAL;

@@ -21,12 +21,15 @@ typedef struct {
     void (*quantize_q8k)(const float *x, pd_q8k *y, int k);       /* k % 256 == 0 */
     pd_matmul_fn matmul[PD_NTYPES];                                  /* NULL = unsupported */
     void (*f32_to_f16)(const float *x, uint16_t *y, int n);          /* KV cache append */
-    /* Attention over n cached rows (row i at k + i*stride elements, F16 if f16 else F32):
-     * s[i] = scale * q . K_i;  exp_sub: x[i] = exp(x[i] - shift), returns the sum;
-     * attn_accum: out += sum_i w[i] * V_i. One call per head and contiguous run of positions. */
-    void (*attn_scores)(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
+    /* Attention over n cached rows (core/attention.c; the scores are the matmul of the cache's
+     * format against the group's queries): exp_sub: x[i] = exp(x[i] - shift), returns the sum;
+     * attn_accum: out += sum_i w[i] * V_i, row i at v + i*stride elements, F16 if f16 else F32.
+     * One call per head and contiguous run of positions. */
     float (*exp_sub)(float *x, int n, float shift);
     void (*attn_accum)(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+    /* attn_accum over a Q8_0 cache (hd % 32 == 0): row i is hd/32 pd_block_q8_0 at
+     * (const char *)v + i*row_bytes; out += sum_i w[i] * d_ib * q_ib, block by block. */
+    void (*attn_accum_q8)(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd);
     /* The gated FFN activation, in place: g[i] = act(g[i]) * u[i], act = SiLU, or GELU (tanh
      * form) when gelu; both are z * sigmoid(.), computed from exp(-|.|) so nothing overflows. */
     void (*act_mul)(float *g, const float *u, int n, int gelu);
@@ -39,7 +42,7 @@ typedef struct {
 
 /* A table over an ISA file's functions of the standard names: quantize_q8, quantize_q8k,
  * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k), f32_to_f16,
- * attn_scores, exp_sub, attn_accum, act_mul, sum_exp, collect_above, then the designators given
+ * exp_sub, attn_accum, attn_accum_q8, act_mul, sum_exp, collect_above, then the designators given
  * after the name (the repacked layouts' entries). (A table that reuses
  * another's entries: x86/avx2_exports.h.) */
 #define PD_KERNEL_TABLE(isa_name, ...) {                                                             \
@@ -49,8 +52,8 @@ typedef struct {
                 [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0, [PD_Q2_K] = matmul_q2_k,     \
                 [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k, [PD_Q5_K] = matmul_q5_k,     \
                 [PD_Q6_K] = matmul_q6_k },                                                     \
-    .f32_to_f16 = f32_to_f16, .attn_scores = attn_scores, .exp_sub = exp_sub,                  \
-    .attn_accum = attn_accum, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \
+    .f32_to_f16 = f32_to_f16, .exp_sub = exp_sub,                  \
+    .attn_accum = attn_accum, .attn_accum_q8 = attn_accum_q8, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \
     __VA_ARGS__ }
 
 extern const pd_kernels pd_kernels_scalar;
@@ -75,6 +78,10 @@ extern const pd_kernels pd_kernels_dotprod;   /* ARMv8.2 dot product (SDOT) */
 #if defined(PD_HAVE_I8MM)
 extern const pd_kernels pd_kernels_i8mm;      /* + ARMv8.6 int8 matrix multiply (SMMLA) batch tiles */
 #endif
+
+/* x[k] (k % 32 == 0) as k/32 GGML Q8_0 blocks by K's quantize_q8 (gguf's rule, its scale then
+ * rounded to f16): the KV cache's Q8_0 rows (kernels/quant.c). */
+void pd_quantize_blocks_q8_0(const pd_kernels *K, const float *x, pd_block_q8_0 *y, int k);
 
 /* The table `forced` names, else the one $PYDECODE_ISA names, else the best this CPU supports;
  * NULL if the named one is unknown or unsupported here. */

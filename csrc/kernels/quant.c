@@ -299,3 +299,17 @@ int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, vo
         }
     return 0;
 }
+
+/* The KV cache's Q8_0 rows: K's quantize_q8 (d = amax/127, q = round-half-away(x/d): gguf's rule)
+ * in pieces of up to 16 blocks on the stack, each scale then stored as f16 (gguf stores it so). */
+void pd_quantize_blocks_q8_0(const pd_kernels *K, const float *x, pd_block_q8_0 *y, int k) {
+    pd_q8 tmp[16];
+    for (int b0 = 0; b0 < k / PD_QK; b0 += 16) {
+        const int nb = k / PD_QK - b0 < 16 ? k / PD_QK - b0 : 16;
+        K->quantize_q8(x + (size_t)b0 * PD_QK, tmp, nb * PD_QK);
+        for (int b = 0; b < nb; b++) {
+            y[b0 + b].d = pd_f32_to_f16(tmp[b].d);
+            memcpy(y[b0 + b].qs, tmp[b].qs, PD_QK);
+        }
+    }
+}

@@ -245,16 +245,6 @@ FLOAT_MATMUL(matmul_f32, wf_f32)
 FLOAT_MATMUL(matmul_f16, wf_f16)
 FLOAT_MATMUL(matmul_bf16, wf_bf16)
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-static float dot_f16(const float *a, const uint16_t *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * pd_f16_to_f32_inline(b[i]);
-    return s;
-}
 static void axpy_f32(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
@@ -265,10 +255,6 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
 }
 
-static void attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s) {
-    for (int i = 0; i < n; i++)
-        s[i] = scale * (f16 ? dot_f16(q, (const uint16_t *)k + i * stride, hd) : dot_f32(q, (const float *)k + i * stride, hd));
-}
 static float exp_sub(float *x, int n, float shift) {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) { x[i] = expf(x[i] - shift); sum += x[i]; }
@@ -278,6 +264,16 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
     for (int i = 0; i < n; i++) {
         if (f16) axpy_f16(out, w[i], (const uint16_t *)v + i * stride, hd);
         else axpy_f32(out, w[i], (const float *)v + i * stride, hd);
+    }
+}
+
+static void attn_accum_q8(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd) {
+    for (int i = 0; i < n; i++) {
+        const pd_block_q8_0 *b = (const pd_block_q8_0 *)((const char *)v + (size_t)i * row_bytes);
+        for (int j = 0; j < hd / PD_QK; j++) {
+            const float s = w[i] * pd_f16_to_f32_inline(b[j].d);
+            for (int t = 0; t < PD_QK; t++) out[j * PD_QK + t] += s * (float)b[j].qs[t];
+        }
     }
 }
 

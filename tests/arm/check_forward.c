@@ -86,12 +86,14 @@ static void build(void) {
     }
 }
 
+static int g_kv = PD_KV_F16;   /* the cache format of the models load() builds */
+
 static pd_model *load(const char *isa, int repack) {
     pd_config c;
     memset(&c, 0, sizeof c);
     c.n_layer = NL; c.n_embd = D; c.n_head = NH; c.n_head_kv = NKV; c.head_dim = HD; c.n_ff = FF;
     c.n_vocab = NV; c.n_ctx = CTX; c.n_batch = 32; c.norm_eps = 1e-5f; c.rope_base = 10000.0f;
-    c.rope_dim = HD; c.kv_f16 = 1; c.n_threads = 2; c.n_seq = NSEQ; c.no_repack = !repack;
+    c.rope_dim = HD; c.kv_type = g_kv; c.n_threads = 2; c.n_seq = NSEQ; c.no_repack = !repack;
     char err[512];
     pd_model *m = pd_model_new(&c, tensors, PD_GLOBAL_SLOTS + NL * PD_LAYER_SLOTS, isa, err, sizeof err);
     if (!m) printf("  load on %s failed: %s\n", isa, err);
@@ -153,8 +155,8 @@ static int check(const char *isa, int repack) {
         d3 = d > d3 ? d : d3;
     }
     fail |= !(d3 <= 2e-3f);
-    printf("%s%s: %d tensors repacked; prefill vs scalar %.1e, decode vs recompute %.1e, batch vs alone %.1e%s\n",
-           isa, repack ? " (repacked)" : " (file layout)", pd_model_n_repacked(m), d1, d2, d3, fail ? "  FAIL" : "");
+    printf("%s%s%s: %d tensors repacked; prefill vs scalar %.1e, decode vs recompute %.1e, batch vs alone %.1e%s\n",
+           isa, repack ? " (repacked)" : " (file layout)", g_kv == PD_KV_Q8_0 ? ", q8_0 cache" : "", pd_model_n_repacked(m), d1, d2, d3, fail ? "  FAIL" : "");
     if (repack && strcmp(isa, "neon") != 0 && pd_model_n_repacked(m) == 0) {
         printf("  %s: nothing was repacked\n", isa);
         fail = 1;
@@ -177,6 +179,13 @@ int main(void) {
         for (int repack = 0; repack < 2; repack++) fail |= check(TABLES[t], repack);
         ran++;
     }
+    /* the q8_0 cache: the same checks against the scalar table's own q8_0 prefill */
+    g_kv = PD_KV_Q8_0;
+    s = load("scalar", 0);
+    if (!s || pd_prefill(s, 0, prompt, NP, 0, ref, 1) != PD_OK) { printf("scalar q8_0 reference failed\n"); return 1; }
+    pd_model_free(s);
+    for (int t = 0; t < 3; t++)
+        if (pd_isa_supported(TABLES[t])) fail |= check(TABLES[t], 1);
     printf(fail ? "forward: FAILED\n" : "forward: every table agrees (%d tables)\n", ran);
     return fail || !ran;
 }

@@ -210,15 +210,22 @@ static void check_float_kernels(const pd_kernels *K) {
                     for (size_t i = 0; i < stride * n; i++) kvh[i] = pd_f32_to_f16(kvf[i]);
                     kv = kvh;
                 }
-                float sa[130], sb[130], oa[131], ob[131], wts[130];
-                pd_kernels_scalar.attn_scores(q, kv, stride, n, hd, 0.125f, f16, sa);
-                K->attn_scores(q, kv, stride, n, hd, 0.125f, f16, sb);
-                for (int i = 0; i < n; i++) bad |= fabsf(sa[i] - sb[i]) > 1e-5f * (float)hd * 0.125f;
+                float oa[131], ob[131], wts[130];
                 for (int i = 0; i < n; i++) wts[i] = (float)(rnd() % 1000) / 1000.0f;
                 for (int j = 0; j < hd; j++) oa[j] = ob[j] = frnd();
                 pd_kernels_scalar.attn_accum(oa, wts, kv, stride, n, hd, f16);
                 K->attn_accum(ob, wts, kv, stride, n, hd, f16);
                 for (int j = 0; j < hd; j++) bad |= fabsf(oa[j] - ob[j]) > 1e-5f * (float)(n + 1);
+                if (f16 && hd % 32 == 0) {   /* the Q8_0 cache's weighted sum: rows of hd/32 blocks */
+                    const size_t rb = (size_t)hd / 32 * sizeof(pd_block_q8_0);
+                    pd_block_q8_0 *kq = malloc(rb * n);
+                    for (int i = 0; i < n; i++) pd_quantize_blocks_q8_0(&pd_kernels_scalar, kvf + i * stride, (pd_block_q8_0 *)((char *)kq + i * rb), hd);
+                    for (int j = 0; j < hd; j++) oa[j] = ob[j] = frnd();
+                    pd_kernels_scalar.attn_accum_q8(oa, wts, kq, rb, n, hd);
+                    K->attn_accum_q8(ob, wts, kq, rb, n, hd);
+                    for (int j = 0; j < hd; j++) bad |= fabsf(oa[j] - ob[j]) > 1e-5f * (float)(n + 1);
+                    free(kq);
+                }
                 free(q); free(kvf); free(kvh);
             }
     CHECK(!bad, "%s attention differs from scalar beyond 1e-5", K->name);

@@ -378,21 +378,6 @@ AI float ldkv1(const void *p, size_t i, int f16) {
     return f16 ? pd_f16_to_f32_inline(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-static void attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s) {
-    const int h8 = hd & ~7;
-    for (int i = 0; i < n; i++) {
-        const size_t r = (size_t)i * stride;
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
-        for (int j = 0; j < h8; j += 8) {
-            a0 = vfmaq_f32(a0, vld1q_f32(q + j), ldkv4(k, r + j, f16));
-            a1 = vfmaq_f32(a1, vld1q_f32(q + j + 4), ldkv4(k, r + j + 4, f16));
-        }
-        float t = vaddvq_f32(vaddq_f32(a0, a1));
-        for (int j = h8; j < hd; j++) t += q[j] * ldkv1(k, r + j, f16);
-        s[i] = scale * t;
-    }
-}
-
 static void attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16) {
     int j0 = 0;
     for (; j0 + 16 <= hd; j0 += 16) {   /* 16 output dims in registers while the rows stream past */
@@ -412,6 +397,29 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
     }
     for (; j0 < hd; j0++)
         for (int i = 0; i < n; i++) out[j0] += w[i] * ldkv1(v, (size_t)i * stride + j0, f16);
+}
+
+/* Over a Q8_0 cache: per 32-value block, 8 accumulators while the rows stream past; each row's
+ * int8 widened (SXTL twice) to floats and scaled by w[i] * d in one FMLA by element. */
+static void attn_accum_q8(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd) {
+    for (int j = 0; j < hd / PD_QK; j++) {
+        float32x4_t a[8];
+        for (int c = 0; c < 8; c++) a[c] = vld1q_f32(out + j * PD_QK + 4 * c);
+        const char *p = (const char *)v + (size_t)j * sizeof(pd_block_q8_0);
+        for (int i = 0; i < n; i++, p += row_bytes) {
+            const pd_block_q8_0 *b = (const pd_block_q8_0 *)p;
+            const float s = w[i] * pd_f16_to_f32_inline(b->d);
+            for (int h = 0; h < 2; h++) {
+                const int8x16_t q = vld1q_s8(b->qs + 16 * h);
+                const int16x8_t q0 = vmovl_s8(vget_low_s8(q)), q1 = vmovl_s8(vget_high_s8(q));
+                a[4 * h + 0] = vfmaq_n_f32(a[4 * h + 0], vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s);
+                a[4 * h + 1] = vfmaq_n_f32(a[4 * h + 1], vcvtq_f32_s32(vmovl_s16(vget_high_s16(q0))), s);
+                a[4 * h + 2] = vfmaq_n_f32(a[4 * h + 2], vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s);
+                a[4 * h + 3] = vfmaq_n_f32(a[4 * h + 3], vcvtq_f32_s32(vmovl_s16(vget_high_s16(q1))), s);
+            }
+        }
+        for (int c = 0; c < 8; c++) vst1q_f32(out + j * PD_QK + 4 * c, a[c]);
+    }
 }
 
 /* exp(x) for x <= 0 to ~2 ulp: exp_poly.h's reduction and polynomial, as x86/exp.h has them. */

@@ -308,46 +308,14 @@ static void f32_to_f16(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = pd_f32_to_f16(x[i]);
 }
 
-/* ---- attention over the KV cache ----
- * Scores: 4 rows at a time against q held in registers (one hadd tree per 4 rows); the
- * weighted sum: 64 output dims in 8 accumulators while the rows stream past. F16 rows are
+/* ---- attention over the KV cache (the scores are the float matmuls above: core/attention.c) ----
+ * The weighted sum: 64 output dims in 8 accumulators while the rows stream past. F16 rows are
  * widened with vcvtph2ps on the fly, never copied. hd need not be a multiple of 8. */
 AI __m256 ld_kv8(const void *p, size_t i, int f16) {
     return f16 ? ld_h8((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
 }
 AI float ld_kv1(const void *p, size_t i, int f16) {
     return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static void attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s) {
-    const int h8 = hd & ~7;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const size_t r = (size_t)i * stride;
-        for (int j = 0; j < h8; j += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + j);
-            a0 = _mm256_fmadd_ps(qv, ld_kv8(k, r + j, f16), a0);
-            a1 = _mm256_fmadd_ps(qv, ld_kv8(k, r + stride + j, f16), a1);
-            a2 = _mm256_fmadd_ps(qv, ld_kv8(k, r + 2 * stride + j, f16), a2);
-            a3 = _mm256_fmadd_ps(qv, ld_kv8(k, r + 3 * stride + j, f16), a3);
-        }
-        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        float tail[4] = { 0, 0, 0, 0 };
-        for (int j = h8; j < hd; j++)
-            for (int c = 0; c < 4; c++) tail[c] += q[j] * ld_kv1(k, r + c * stride + j, f16);
-        v = _mm_add_ps(v, _mm_loadu_ps(tail));
-        _mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
-    }
-    for (; i < n; i++) {
-        const size_t r = (size_t)i * stride;
-        __m256 a = _mm256_setzero_ps();
-        for (int j = 0; j < h8; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), ld_kv8(k, r + j, f16), a);
-        float t = hsum(a);
-        for (int j = h8; j < hd; j++) t += q[j] * ld_kv1(k, r + j, f16);
-        s[i] = scale * t;
-    }
 }
 
 /* g = act(g) * u with act(x) = x * sigmoid(z), z = x (SiLU) or the tanh-GELU's 1.5957691216 *
@@ -410,6 +378,27 @@ static void attn_accum(float *out, const float *w, const void *v, size_t stride,
         for (int i = 0; i < n; i++) out[j0] += w[i] * ld_kv1(v, (size_t)i * stride + j0, f16);
 }
 
+/* Over a Q8_0 cache: per 32-value block, 4 accumulators while the rows stream past (a chunk of
+ * rows is L1-resident, so a second block's pass over the same rows reads no DRAM); each row's
+ * int8 widened to floats (vpmovsxbd + vcvtdq2ps) and scaled by w[i] * d in one fmadd. */
+static void attn_accum_q8(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd) {
+    for (int j = 0; j < hd / PD_QK; j++) {
+        __m256 a[4];
+        for (int c = 0; c < 4; c++) a[c] = _mm256_loadu_ps(out + j * PD_QK + 8 * c);
+        const char *p = (const char *)v + (size_t)j * sizeof(pd_block_q8_0);
+        for (int i = 0; i < n; i++, p += row_bytes) {
+            const pd_block_q8_0 *b = (const pd_block_q8_0 *)p;
+            const __m256 s = _mm256_set1_ps(w[i] * _cvtsh_ss(b->d));
+            const __m128i lo = _mm_loadu_si128((const __m128i *)b->qs), hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
+            a[0] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), a[0]);
+            a[1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), a[1]);
+            a[2] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), a[2]);
+            a[3] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), a[3]);
+        }
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + j * PD_QK + 8 * c, a[c]);
+    }
+}
+
 /* ---------------------------------------------------------------- the sampler's vocabulary passes */
 
 static double sum_exp(const float *x, int n, float scale, float shift) {
@@ -466,9 +455,9 @@ PD_AVX2_EXPORT(matmul_f32)
 PD_AVX2_EXPORT(matmul_f16)
 PD_AVX2_EXPORT(matmul_bf16)
 PD_AVX2_EXPORT(f32_to_f16)
-PD_AVX2_EXPORT(attn_scores)
 PD_AVX2_EXPORT(exp_sub)
 PD_AVX2_EXPORT(attn_accum)
+PD_AVX2_EXPORT(attn_accum_q8)
 PD_AVX2_EXPORT(sum_exp)
 PD_AVX2_EXPORT(collect_above)
 #endif

@@ -10,9 +10,9 @@ void pd_avx2_quantize_q8(const float *x, pd_q8 *y, int k);
 void pd_avx2_quantize_q8k(const float *x, pd_q8k *y, int k);
 pd_matmul_fn_t pd_avx2_matmul_q8_0, pd_avx2_matmul_f32, pd_avx2_matmul_f16, pd_avx2_matmul_bf16;
 void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
-void pd_avx2_attn_scores(const float *q, const void *k, size_t stride, int n, int hd, float scale, int f16, float *s);
 float pd_avx2_exp_sub(float *x, int n, float shift);
 void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
+void pd_avx2_attn_accum_q8(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd);
 void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
 double pd_avx2_sum_exp(const float *x, int n, float scale, float shift);
 int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
@@ -21,8 +21,9 @@ int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
     .name = isa_name, .quantize_q8 = pd_avx2_quantize_q8, .quantize_q8k = pd_avx2_quantize_q8k, \
     .matmul = { [PD_F32] = pd_avx2_matmul_f32, [PD_F16] = pd_avx2_matmul_f16,                  \
                 [PD_BF16] = pd_avx2_matmul_bf16, [PD_Q8_0] = pd_avx2_matmul_q8_0 },            \
-    .f32_to_f16 = pd_avx2_f32_to_f16, .attn_scores = pd_avx2_attn_scores,                      \
-    .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum, .act_mul = pd_avx2_act_mul,  \
+    .f32_to_f16 = pd_avx2_f32_to_f16,                       \
+    .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,    \
+    .attn_accum_q8 = pd_avx2_attn_accum_q8, .act_mul = pd_avx2_act_mul,  \
     .sum_exp = pd_avx2_sum_exp, .collect_above = pd_avx2_collect_above, __VA_ARGS__ }
 /* Overrides of the block formats' matmuls by the file's own of the standard names. */
 #define PD_BLOCK_MATMULS_OWN                                                                    \

@@ -1,0 +1,170 @@
+"""A slot's state as a file or bytes: the tokens it holds and their K/V, so that another process
+(or this one, later) continues exactly where it was: save / restore, prompt caches, and the
+hand-off from a prefill process to a decode process.
+
+The format (version 1), every integer little-endian:
+
+    MAGIC (8 bytes) | u32 version | u32 header length H | header: H bytes of UTF-8 JSON |
+    the K/V payload (the header's payload_bytes) | sha256 of everything before it (32 bytes)
+
+The header names what the payload fits: the model's fingerprint (a hash of the GGUF header, the
+metadata and the tensor directory, and of the first bytes of every tensor: two different files
+have different fingerprints, and computing it reads about 4 KB a tensor, not the whole file),
+the cache's format and shapes, and the tokens. The payload is the C core's own rows
+(pd_model_kv_export: per layer K then V of the positions a later step still reads), so a
+restored slot holds the same bits as the saved one. A file of another model, cache format or
+version, or one truncated or changed anywhere (the checksum covers every byte), is refused with
+a StateFileError that says which; nothing is written into the cache before every check passed.
+Saving writes a temporary file beside the target and renames it into place, so a crash
+mid-save leaves the old file (or none), never a partial one that looks valid.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+from .errors import PydecodeError
+
+MAGIC = b"PDKVST\x00\x01"
+VERSION = 1
+_PREFIX = struct.Struct("<8sII")    # magic, version, header length
+_DIGEST = 32
+_MAX_HEADER = 64 << 20              # a header past this is not one of ours (token lists included)
+_SAMPLE = 4096                      # bytes of each tensor the fingerprint reads
+
+
+class StateFileError(PydecodeError, ValueError):
+    """A saved state that cannot be restored here: not a state file, another version, truncated
+    or corrupted, or made by another model or cache format. Nothing was written to the cache."""
+
+
+def fingerprint(model) -> str:
+    """The model file's identity for state files (computed once per Model)."""
+    fp = getattr(model, "_state_fingerprint", None)
+    if fp is None:
+        g = model.gguf
+        h = hashlib.sha256()
+        h.update(struct.pack("<Q", g.file_size))
+        h.update(g.data[:g.header_size])          # metadata and the tensor directory
+        for name in sorted(g.tensors):
+            t = g.tensors[name]
+            h.update(g.data[t.offset:t.offset + min(_SAMPLE, t.n_bytes)])   # offset: absolute
+        fp = model._state_fingerprint = h.hexdigest()
+    return fp
+
+
+def _shapes(model) -> dict:
+    c = model.config
+    return {"n_layer": c.n_layer, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
+            "sliding_window": c.sliding_window,
+            "local_layers": "".join("1" if c.layer_is_local(layer) else "0" for layer in range(c.n_layer))}
+
+
+def dumps(model, slot: int, tokens: list[int]) -> bytes:
+    """Slot `slot`'s state, holding the K/V of `tokens` (positions 0..len-1), as bytes."""
+    tokens = [int(t) for t in tokens]
+    payload = model.export_kv(slot, len(tokens))
+    header = json.dumps({
+        "format_version": VERSION,
+        "model_fingerprint": fingerprint(model),
+        "model_name": str(model.gguf.metadata.get("general.name", model.path.name)),
+        "kv_type": model.kv_type,
+        "shapes": _shapes(model),
+        "n_tokens": len(tokens),
+        "tokens": tokens,
+        "payload_bytes": len(payload),
+    }, separators=(",", ":")).encode()
+    h = hashlib.sha256()
+    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, payload]
+    for p in parts:
+        h.update(p)
+    return b"".join(parts) + h.digest()
+
+
+def parse(model, data, what: str = "state") -> tuple[list[int], memoryview]:
+    """Checks `data` (a whole state file's bytes) against `model` without touching its cache:
+    (tokens, payload view), or StateFileError saying what does not fit."""
+    view = memoryview(data).cast("B")
+    if len(view) < _PREFIX.size + _DIGEST:
+        raise StateFileError(f"{what}: {len(view)} bytes is too short to be a pydecode state file (truncated?)")
+    magic, version, hlen = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise StateFileError(f"{what}: not a pydecode state file (bad magic bytes)")
+    if version != VERSION:
+        raise StateFileError(f"{what}: state file format version {version}; this pydecode reads version {VERSION}")
+    if hashlib.sha256(view[:-_DIGEST]).digest() != bytes(view[-_DIGEST:]):
+        raise StateFileError(f"{what}: checksum mismatch: the file is truncated or corrupted")
+    if hlen > _MAX_HEADER or _PREFIX.size + hlen > len(view) - _DIGEST:
+        raise StateFileError(f"{what}: header length {hlen} does not fit in the file")
+    try:
+        head = json.loads(bytes(view[_PREFIX.size:_PREFIX.size + hlen]))
+        tokens, n_payload = head["tokens"], head["payload_bytes"]
+    except (ValueError, KeyError, TypeError):
+        raise StateFileError(f"{what}: the header is not a valid state header") from None
+    if head.get("model_fingerprint") != fingerprint(model):
+        raise StateFileError(f"{what}: saved by another model ({head.get('model_name')!r}); "
+                             f"this is {model.path.name}: a state restores only into the model file that made it")
+    if head.get("kv_type") != model.kv_type:
+        raise StateFileError(f"{what}: saved with a {head.get('kv_type')} KV cache; this model's is {model.kv_type} "
+                             f"(load it with kv_type={head.get('kv_type')!r})")
+    if head.get("shapes") != _shapes(model):
+        raise StateFileError(f"{what}: saved with cache shapes {head.get('shapes')}, not this model's")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < model.n_vocab for t in tokens):
+        raise StateFileError(f"{what}: the header's tokens are not token ids of this model")
+    if len(tokens) > model.n_ctx:
+        raise StateFileError(f"{what}: holds {len(tokens)} tokens, more than this model's context "
+                             f"({model.n_ctx}, n_ctx); load the model with a larger n_ctx")
+    payload = view[_PREFIX.size + hlen:-_DIGEST]
+    if len(payload) != n_payload:
+        raise StateFileError(f"{what}: {len(payload)} payload bytes, the header says {n_payload}")
+    return tokens, payload
+
+
+def loads(model, data, slot: int, what: str = "state", *, lease: object = None) -> list[int]:
+    """Restores a state (dumps' bytes) into slot `slot`; returns the tokens it holds."""
+    tokens, payload = parse(model, data, what)
+    try:
+        model.import_kv(slot, len(tokens), payload, lease=lease)
+    except ValueError as e:   # the C core's size check: shapes that the header did not catch
+        raise StateFileError(f"{what}: {e}") from None
+    return tokens
+
+
+def save(model, path: str | os.PathLike, slot: int, tokens: list[int]) -> int:
+    """Writes the state file atomically (a temporary file in the same folder, fsync, rename).
+    Returns its size in bytes."""
+    data = dumps(model, slot, tokens)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:   # the rename itself survives a crash once the folder is synced (best effort)
+        dfd = os.open(path.parent or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return len(data)
+
+
+def load(model, path: str | os.PathLike, slot: int, *, lease: object = None) -> list[int]:
+    """Restores the state file at `path` into slot `slot`; returns the tokens it holds."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return loads(model, data, slot, str(path), lease=lease)
