@@ -19,7 +19,9 @@ from .generation import Completion, Piece, Stats  # noqa: E402
 from .llm import LLM, load  # noqa: E402
 from .llama_compat import Llama, LlamaPromptLookupDecoding  # noqa: E402
 from .model import Model  # noqa: E402
+from .kvstate import StateFileError  # noqa: E402
 
 __all__ = ["load", "LLM", "Llama", "LlamaPromptLookupDecoding", "Model", "Engine", "Handle", "Completion", "Piece", "Stats", "ModelError",
-           "ModelFileChangedError", "ModelClosedError", "ContextFullError", "QueueFullError", "PydecodeError"]
+           "ModelFileChangedError", "ModelClosedError", "ContextFullError", "QueueFullError", "PydecodeError",
+           "StateFileError"]
 __version__ = "0.1.0"

@@ -60,8 +60,8 @@ def _random_prompt(n_vocab: int, n: int, seed: int = 0) -> list[int]:
 class _Ours:
     """pydecode under test: pp (one prefill of the prompt) and tg (greedy decode steps)."""
 
-    def __init__(self, path, threads, n_ctx, isa=None):
-        self.m = m = Model(path, n_threads=threads, n_ctx=n_ctx, isa=isa)
+    def __init__(self, path, threads, n_ctx, isa=None, kv_type="f16"):
+        self.m = m = Model(path, n_threads=threads, n_ctx=n_ctx, isa=isa, kv_type=kv_type)
         self.name = m.gguf.metadata.get("general.name", m.path.stem)
         self.size = m.gguf.file_size
         self.params = m.config.n_params(m.gguf)
@@ -129,13 +129,13 @@ class _LlamaCppPython:
 
 
 def bench_threads(path, threads: int, n_prompt: int, n_gen: int, reps: int, depths=(0,), isa=None,
-                  compare: str | None = None) -> list[Row]:
+                  compare: str | None = None, kv_type: str = "f16") -> list[Row]:
     """pp{n_prompt} and tg{n_gen} (at each depth) for one thread count; with compare, the other
     runtime on the same file runs each repetition right after ours (A/B alternating, so that
     machine noise hits both alike)."""
     depth_max = max(depths)
     n_ctx = max(n_prompt, depth_max + n_gen + 1) + 8
-    runners = [_Ours(path, threads, n_ctx, isa)]
+    runners = [_Ours(path, threads, n_ctx, isa, kv_type)]
     if compare == "llama-cpp-python":
         runners.append(_LlamaCppPython(path, threads, n_ctx, max(n_prompt, depth_max, 8)))
     ours = runners[0]
@@ -203,7 +203,7 @@ def format_table(rows: list[Row], show_roofline: bool = True) -> str:
 
 def run(model_path, threads: list[int], *, reps: int = 5, n_prompt: int = 64, n_gen: int = 128,
         depths=(0,), bandwidth: bool = False, compare: str | None = None, isa: str | None = None,
-        echo=print) -> dict:
+        echo=print, kv_type: str = "f16") -> dict:
     """Everything `pydecode bench` prints; returns the same as a dict (for --json)."""
     from .gguf_file import GGUFFile
 
@@ -217,7 +217,7 @@ def run(model_path, threads: list[int], *, reps: int = 5, n_prompt: int = 64, n_
     rows: list[Row] = []
     ratios = []
     for t in threads:
-        got = bench_threads(model_path, t, n_prompt, n_gen, reps, depths, isa, compare)
+        got = bench_threads(model_path, t, n_prompt, n_gen, reps, depths, isa, compare, kv_type)
         for r in got:
             r.bandwidth_gbs = bw.get(t, {}).get("model_size", 0.0)
         rows += got

@@ -168,3 +168,54 @@ def load(model, path: str | os.PathLike, slot: int, *, lease: object = None) -> 
     with open(path, "rb") as f:
         data = f.read()
     return loads(model, data, slot, str(path), lease=lease)
+
+
+# ---- through the model's SlotLedger: what an LLM or an Engine saves and restores ----
+# The slot is leased for the copy, so no generation writes it meanwhile; what the ledger records
+# for it is then exactly what the file holds.
+
+def export_slot(model, slot: int | None = None) -> tuple[int, bytes]:
+    """(slot, state bytes) of a slot that no generation leases: `slot`, or the one released last."""
+    me = object()
+    slot = model.slots.take(slot, me, latest=True)
+    try:
+        return slot, dumps(model, slot, model.slots.held(slot))
+    finally:
+        model.slots.give_back(slot, me)
+
+
+def import_slot(model, data, slot: int | None = None, what: str = "state") -> tuple[int, list[int]]:
+    """Restores state bytes into `slot` (default: the free slot unused longest); the ledger then
+    knows the tokens it holds, so a prompt that starts with them reuses their K/V instead of
+    prefilling them. Returns (slot, tokens)."""
+    me = object()
+    slot = model.slots.take(slot, me, latest=False)
+    tokens: list[int] = []
+    try:
+        tokens = loads(model, data, slot, what, lease=me)
+    except StateFileError:
+        model.slots.give_back(slot, me)   # refused before a byte was written: the slot is as it was
+        raise
+    except BaseException:
+        model.slots.release(slot, me, [])
+        raise
+    model.slots.release(slot, me, tokens)
+    return slot, tokens
+
+
+def save_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[int, int, int]:
+    """Writes a slot's state file atomically: (slot, tokens saved, file bytes)."""
+    me = object()
+    slot = model.slots.take(slot, me, latest=True)
+    try:
+        tokens = model.slots.held(slot)
+        return slot, len(tokens), save(model, path, slot, tokens)
+    finally:
+        model.slots.give_back(slot, me)
+
+
+def load_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[int, list[int]]:
+    """Restores the state file at `path` (import_slot). Returns (slot, tokens)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return import_slot(model, data, slot, str(path))

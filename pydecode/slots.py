@@ -43,6 +43,8 @@ class SlotLedger:
         self._held: list[list[int]] = [[] for _ in range(n_seq)]
         self._spill: list[int] = [0] * n_seq     # positions written past the held tokens
         self._lessee: list[object | None] = [None] * n_seq
+        self._stamp: list[int] = [0] * n_seq     # when each slot was last released (0: never)
+        self._clock = 0
         self._ring = ring
 
     @property
@@ -76,6 +78,32 @@ class SlotLedger:
                 self._lessee[slot] = None
                 self._held[slot] = list(held)
                 self._spill[slot] = spill if held else 0
+                self._clock += 1
+                self._stamp[slot] = self._clock
+
+    def take(self, slot: int | None, lessee: object, *, latest: bool) -> int:
+        """Leases one given free slot (None: with latest, the free slot released last that holds
+        tokens, for saving it; else the free slot released longest ago, for restoring into it)
+        and returns it; RuntimeError when it (or every slot) is leased. give_back ends such a
+        lease and keeps what the slot holds; release records new contents."""
+        with self._lock:
+            if slot is None:
+                free = [i for i, who in enumerate(self._lessee) if who is None and (self._held[i] or not latest)]
+                if not free:
+                    raise RuntimeError("no free sequence slot holds tokens" if latest else "every sequence slot is in use")
+                slot = max(free, key=self._stamp.__getitem__) if latest else min(free, key=self._stamp.__getitem__)
+            elif not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < len(self._held):
+                raise ValueError(f"sequence slot must be an integer in 0..{len(self._held) - 1}, got {slot!r}")
+            if self._lessee[slot] is not None:
+                raise RuntimeError(f"sequence slot {slot} is in use by a generation; finish or cancel it first")
+            self._lessee[slot] = lessee
+            return slot
+
+    def give_back(self, slot: int, lessee: object) -> None:
+        """Ends a lease from take() with the slot's contents unchanged."""
+        with self._lock:
+            if self._lessee[slot] is lessee:
+                self._lessee[slot] = None
 
     def direct_write(self, slot: int) -> None:
         """A write into `slot` by a direct Model call: refused while a generation leases it;
@@ -94,6 +122,7 @@ class SlotLedger:
                 self._held.append([])
                 self._spill.append(0)
                 self._lessee.append(None)
+                self._stamp.append(0)
 
     def forget_all(self) -> None:
         with self._lock:

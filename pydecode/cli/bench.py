@@ -28,7 +28,9 @@ from . import common
                    "on code-completion, rewrite and prose prompts (greedy; same tokens checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @common.isa_opt
-def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, concurrency, draft, as_json, isa):
+@common.kv_type_opt
+def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, compare, concurrency, draft, as_json, isa,
+          kv_type):
     """Speed of MODEL, llama-bench style: pp / tg tokens/s (mean ± std), roofline, depth sweep;
     --concurrency: many sequences decoded at once."""
     from .. import bench as _bench
@@ -62,7 +64,7 @@ def bench(model, model_arg, threads, reps, n_prompt, n_gen, depth, bandwidth, co
                 raise click.UsageError("--compare llama-cpp-python needs the llama-cpp-python package installed")
         lines = []
         result = _bench.run(path, threads, reps=reps, n_prompt=n_prompt, n_gen=n_gen, depths=tuple(depth) or (0,),
-                            bandwidth=bandwidth, compare=compare, isa=isa,
+                            bandwidth=bandwidth, compare=compare, isa=isa, kv_type=kv_type,
                             echo=(lines.append if as_json else click.echo))
     except (PydecodeError, ValueError, OSError) as e:
         common.fail(e)

@@ -156,7 +156,10 @@ def _repl(session: ChatSession, llm, verbose: bool, banner: str) -> int:
 @common.ctx_opt
 @common.isa_opt
 @common.draft_opt
-def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, isa, draft, **kw):
+@common.kv_type_opt
+@common.prompt_cache_opt
+def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, isa, draft, kv_type, prompt_cache,
+         **kw):
     """Chat with MODEL in the terminal.
 
     Interactive when stdin is a terminal: /help lists the commands, Ctrl-C stops an answer,
@@ -178,7 +181,8 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
         if not prompt.strip():
             common.fail(ValueError("nothing to answer: stdin was empty (use -p TEXT, or run in a terminal)"))
     try:
-        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft)
+        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft, kv_type=kv_type)
+        common.restore_prompt_cache(llm, prompt_cache)
         defaults, source = chat_defaults(llm.model.gguf.metadata)
         flags_given = any(kw.get(k) is not None for k in common.SAMPLING)
         sampling = common.resolve_sampling(kw, defaults)
@@ -197,7 +201,11 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
         banner = (f"pydecode chat: {llm.model.path.name} ({llm.model.n_threads} threads, {llm.model.isa}, context "
                   f"{llm.n_ctx}). Sampling: {common.describe_sampling(sampling)} ("
                   f"{'your flags over ' if flags_given else ''}{source}). /help for commands, Ctrl-D to quit.")
-        sys.exit(_repl(session, llm, verbose, banner))
+        try:
+            code = _repl(session, llm, verbose, banner)
+        finally:
+            common.save_prompt_cache(llm, prompt_cache)
+        sys.exit(code)
     progress = common.PrefillProgress()
     try:
         c = session.ask(prompt.strip(), common.stdout_write, on_prefill=progress)
@@ -205,6 +213,7 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
         common.fail(e)
     finally:
         progress.close()
+    common.save_prompt_cache(llm, prompt_cache)
     common.stdout_write("\n")
     if verbose:
         click.echo(_verbose_line(c), err=True)

@@ -130,6 +130,43 @@ def resolve_model(model: str):
     return registry.resolve(model)
 
 
+kv_type_opt = click.option(
+    "--kv-type", "kv_type", type=click.Choice(["f16", "f32", "q8_0"]), default="f16", show_default=True,
+    help="KV cache format: q8_0 takes about half of f16's memory (longer contexts; faster at depth) "
+         "at a small cost in accuracy (bench/README.md measures it).")
+
+prompt_cache_opt = click.option(
+    "--prompt-cache", "prompt_cache", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+    help="Keep the KV cache in FILE: the longest prefix of the prompt it holds is restored instead "
+         "of prefilled, and FILE is updated after the run (a file of another model or --kv-type is "
+         "ignored with a warning, then replaced).")
+
+
+def restore_prompt_cache(llm, path) -> int:
+    """--prompt-cache: restores FILE's tokens and K/V into the LLM (its next prompt reuses the
+    prefix they share); returns the tokens restored, 0 when FILE is absent or does not fit."""
+    from ..kvstate import StateFileError
+    if not path or not os.path.exists(path):
+        return 0
+    try:
+        return len(llm.load_state(path))
+    except (StateFileError, OSError) as e:
+        click.echo(f"warning: prompt cache ignored (it will be rewritten): {message(e)}", err=True)
+        return 0
+
+
+def save_prompt_cache(llm, path) -> None:
+    """--prompt-cache: writes what the last generation left in the KV cache to FILE (atomically)."""
+    if not path:
+        return
+    try:
+        llm.save_state(path)
+    except RuntimeError:      # nothing was generated (an error before the first step)
+        pass
+    except OSError as e:
+        click.echo(f"warning: could not write the prompt cache: {message(e)}", err=True)
+
+
 draft_opt = click.option(
     "--draft", default=None, metavar="lookup|MODEL",
     help="Speculative decoding, same output, faster where guesses pay: 'lookup' (repeated n-grams "
@@ -137,11 +174,11 @@ draft_opt = click.option(
          "(registry name or .gguf path, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).")
 
 
-def load_llm(path, n_ctx, threads, isa, n_seq: int = 1, draft: str | None = None):
+def load_llm(path, n_ctx, threads, isa, n_seq: int = 1, draft: str | None = None, kv_type: str = "f16"):
     """The LLM, with a warning when -c asks for more than the model was trained on."""
     from ..llm import load
 
-    llm = load(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq, draft=draft)
+    llm = load(path, n_ctx=n_ctx, n_threads=threads, isa=isa, n_seq=n_seq, draft=draft, kv_type=kv_type)
     trained = llm.model.config.n_ctx_train
     if n_ctx is not None and n_ctx > trained:
         click.echo(f"warning: -c {n_ctx} is more than the {trained} tokens this model was trained on; "

@@ -44,9 +44,11 @@ def stats_dict(c) -> dict:
 @common.ctx_opt
 @common.isa_opt
 @common.draft_opt
+@common.kv_type_opt
+@common.prompt_cache_opt
 @click.option("--stats/--no-stats", default=True, show_default=True, help="Print timing to stderr.")
 def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system, as_json, threads, n_ctx, isa,
-        draft, stats, **kw):
+        draft, kv_type, prompt_cache, stats, **kw):
     """Stream the continuation of PROMPT to stdout: `pydecode run [MODEL] PROMPT` or -p PROMPT.
 
     Greedy by default (the same text every run); --temp and the other sampler flags sample."""
@@ -60,7 +62,8 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
     progress = common.PrefillProgress(enabled=None if not as_json else False)
     try:
         path = common.resolve_model(name)
-        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft)
+        llm = common.load_llm(path, n_ctx, threads, isa, draft=draft, kv_type=kv_type)
+        common.restore_prompt_cache(llm, prompt_cache)
         if as_chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                        [{"role": "user", "content": prompt}]
@@ -68,6 +71,7 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
         else:
             stream = llm.stream(prompt, max_tokens, stop=list(stop) or None, on_prefill=progress, **sampling)
         c = common.consume(stream, None if as_json else common.stdout_write)
+        common.save_prompt_cache(llm, prompt_cache)
     except (PydecodeError, ValueError, OSError) as e:
         common.fail(e)
     finally:

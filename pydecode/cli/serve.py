@@ -21,6 +21,7 @@ from . import common
 @common.threads_opt
 @common.isa_opt
 @common.draft_opt
+@common.kv_type_opt
 @click.option("--api-key", default=None, envvar="PYDECODE_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @click.option("--alias", "aliases", multiple=True,
@@ -32,7 +33,7 @@ from . import common
 @click.option("--cors", "cors", multiple=True, metavar="ORIGIN",
               help="Let web pages of ORIGIN call the API from a browser ('*' for any). Repeatable.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request (uvicorn's access log).")
-def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, api_key, aliases, max_queue, max_body,
+def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, kv_type, api_key, aliases, max_queue, max_body,
           cors, verbose):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, ...).
 
@@ -47,7 +48,7 @@ def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, api_k
     model_id = os.path.basename(name)[:-5] if name.endswith(".gguf") else name
 
     def load():
-        return common.load_llm(common.resolve_model(name), n_ctx, threads, isa, n_seq=n_seq, draft=draft)
+        return common.load_llm(common.resolve_model(name), n_ctx, threads, isa, n_seq=n_seq, draft=draft, kv_type=kv_type)
 
     try:
         code = run_server(load, model_id, host=host, port=port, aliases=aliases, api_key=api_key or None,

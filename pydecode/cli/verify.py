@@ -18,7 +18,7 @@ from . import common
               help="New tokens to decode (greedy).")
 @click.option("--tol", type=click.FloatRange(min=0), default=None,
               help="Max |logit difference| allowed (default: the cache tests' bound, 2e-3).")
-@click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True, help="KV cache type.")
+@click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default="f16", show_default=True, help="KV cache type.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @common.threads_opt
 @common.ctx_opt
