@@ -464,6 +464,37 @@ class Engine:
                 self.max_seqs = min(self.model.n_seq, self.model.n_batch)
             return self.max_seqs
 
+    # ---- a slot's KV state (pydecode/kvstate.py): save / restore, hand-off ----
+
+    def _state_slot(self, slot) -> int | None:
+        """slot: an int, None (the slot released last), or a finished Handle: the slot it ran in,
+        while that still holds its tokens (another request may have taken it since)."""
+        if isinstance(slot, Handle):
+            s = slot._s
+            if not slot.done or s.slot is None or self.model.slots.held(s.slot) != s.kv or not s.kv:
+                raise RuntimeError("that request's slot no longer holds its tokens (unfinished, failed, or reused "
+                                   "by another request)")
+            return s.slot
+        return slot
+
+    def save_state(self, path, slot=None) -> int:
+        """Writes a slot's tokens and K/V to a state file (kvstate.save_slot); returns the tokens."""
+        from . import kvstate
+        return kvstate.save_slot(self.model, path, self._state_slot(slot))[1]
+
+    def load_state(self, path, slot: int | None = None) -> list[int]:
+        """Restores a state file into a free slot; a prompt that starts with its tokens reuses them."""
+        from . import kvstate
+        return kvstate.load_slot(self.model, path, slot)[1]
+
+    def export_state(self, slot=None) -> bytes:
+        from . import kvstate
+        return kvstate.export_slot(self.model, self._state_slot(slot))[1]
+
+    def import_state(self, data, slot: int | None = None) -> list[int]:
+        from . import kvstate
+        return kvstate.import_slot(self.model, data, slot)[1]
+
     @property
     def closed(self) -> bool:
         return self._closed

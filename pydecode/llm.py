@@ -149,31 +149,27 @@ class LLM:
 
     # ---- the KV cache's state (pydecode/kvstate.py): save / restore, prompt caches, hand-off ----
 
-    def save_state(self, path: str | os.PathLike, slot: int | None = None) -> int:
+    def save_state(self, path: str | os.PathLike, slot: int | Handle | None = None) -> int:
         """Writes what a KV slot holds (its tokens and their K/V; default: the slot of the last
-        finished generation) to a state file, atomically. Another process with the same model file
-        and kv_type restores it with load_state and continues exactly as this one would.
-        Returns the number of tokens saved."""
-        from . import kvstate
-        return kvstate.save_slot(self.engine.model, path, slot)[1]
+        finished generation, or the slot a finished Handle ran in) to a state file, atomically.
+        Another process with the same model file and kv_type restores it with load_state and
+        continues exactly as this one would. Returns the number of tokens saved."""
+        return self.engine.save_state(path, slot)
 
     def load_state(self, path: str | os.PathLike, slot: int | None = None) -> list[int]:
         """Restores a state file from save_state into a free slot and returns its tokens: the next
         prompt that starts with them (a conversation's history, a long system prompt) reuses their
         K/V instead of prefilling them. A file of another model, kv_type or format version, or a
-        truncated or corrupted one, raises kvstate.StateFileError and changes nothing."""
-        from . import kvstate
-        return kvstate.load_slot(self.engine.model, path, slot)[1]
+        truncated or corrupted one, raises StateFileError and changes nothing."""
+        return self.engine.load_state(path, slot)
 
-    def export_state(self, slot: int | None = None) -> bytes:
+    def export_state(self, slot: int | Handle | None = None) -> bytes:
         """save_state's bytes, in memory (a hand-off to another process: import_state)."""
-        from . import kvstate
-        return kvstate.export_slot(self.engine.model, slot)[1]
+        return self.engine.export_state(slot)
 
     def import_state(self, data: bytes, slot: int | None = None) -> list[int]:
         """load_state from bytes (export_state's)."""
-        from . import kvstate
-        return kvstate.import_slot(self.engine.model, data, slot)[1]
+        return self.engine.import_state(data, slot)
 
     def close(self) -> None:
         """Cancels every generation in flight (their callers get ModelClosedError), waits for

@@ -184,6 +184,32 @@ def test_llm_state_round_trip_reuses_the_prefix(smollm_path, tmp_path):
         llm.engine.model.slots.give_back(0, me)
 
 
+def test_engine_saves_a_finished_handles_slot_in_memory(smollm_path):
+    """Engine.export_state(handle) / import_state: per request, in memory; a slot reused by another
+    request is refused."""
+    m = pydecode.Model(smollm_path, n_ctx=128, n_threads=2, n_seq=2)
+    eng = pydecode.Engine(m)
+    a = eng.submit("Apples are", 6)
+    a.result()
+    data = eng.export_state(a)
+    held = m.slots.held(a.slot)
+    b = eng.submit("Bananas are yellow and", 6)       # these two may reuse a's slot
+    b.result()
+    c = eng.submit("Cherries are", 6)
+    c.result()
+    if m.slots.held(a.slot) != held:
+        with pytest.raises(RuntimeError, match="no longer holds"):
+            eng.export_state(a)
+    slot = 1 - c.slot
+    eng.import_state(data, slot)
+    assert m.slots.held(slot) == held
+    again = eng.submit(list(held), 4)                  # its prefix is found in the restored slot
+    again.result()
+    assert again.slot == slot
+    eng.close()
+    m.close()
+
+
 # ---------------------------------------------------------------- the hand-off between processes
 
 def test_handoff_prefill_process_to_decode_process(smollm_path, tmp_path):
