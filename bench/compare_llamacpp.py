@@ -55,12 +55,14 @@ DEFAULT_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-
 # ---------------------------------------------------------------- llama.cpp
 
 def llama_bench(binary: str, path: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
-                depth: int) -> dict:
+                depth: int, kv_type: str = "f16") -> dict:
     """One llama-bench run: {'pp': [t/s per rep], 'tg': [...], 'info': first JSON record}."""
     cmd = [binary, "-m", str(path), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
            "-r", str(reps), "-o", "json"]
     if depth:
         cmd += ["-d", str(depth)]
+    if kv_type != "f16":
+        cmd += ["-ctk", kv_type, "-ctv", kv_type]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -87,9 +89,10 @@ def llama_bench_version(binary: str) -> str:
 
 # ---------------------------------------------------------------- pydecode
 
-def pydecode_run(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int) -> dict:
+def pydecode_run(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int,
+                 kv_type: str = "f16") -> dict:
     """bench/bench_decode.py's measurement, at depth 0 or after an untimed DEPTH-token context."""
-    m = Model(path, n_threads=threads, n_ctx=max(512, depth + max(n_prompt, n_gen) + 8))
+    m = Model(path, n_threads=threads, n_ctx=max(512, depth + max(n_prompt, n_gen) + 8), kv_type=kv_type)
     try:
         rng = np.random.default_rng(0)
         prompt = rng.integers(100, m.n_vocab - 100, max(n_prompt, depth, 8)).tolist()
@@ -113,7 +116,7 @@ def pydecode_run(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
                 tok = int(np.argmax(m.decode_step(tok, pos0 + i)))
             tg.append(n_gen / (time.perf_counter() - t))
         c = m.config
-        kv_per_pos = 2 * c.n_layer * c.n_head_kv * c.head_dim * (2 if m.kv_type == "f16" else 4)
+        kv_per_pos = 2 * c.n_layer * m.kv_row_bytes
         return {"pp": pp, "tg": tg, "weight_bytes": m.weight_bytes(), "isa": m.isa,
                 "kv_bytes_per_pos": kv_per_pos, "kv_type": m.kv_type}
     finally:
@@ -126,7 +129,7 @@ def _stats(xs):
     return (max(xs), statistics.median(xs)) if xs else (float("nan"), float("nan"))
 
 
-def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log):
+def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log, kv_type="f16"):
     res = {"model": path.name, "threads": threads, "depth": depth,
            "llama": {"pp": [], "tg": []}, "pydecode": {"pp": [], "tg": []}}
     for r in range(rounds):
@@ -134,10 +137,10 @@ def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log):
         for tool in order:
             t0 = time.perf_counter()
             if tool == "llama":
-                out = llama_bench(binary, path, threads, n_prompt, n_gen, reps, depth)
+                out = llama_bench(binary, path, threads, n_prompt, n_gen, reps, depth, kv_type)
                 res["llama_info"] = out["info"]
             else:
-                out = pydecode_run(path, threads, n_prompt, n_gen, reps, depth)
+                out = pydecode_run(path, threads, n_prompt, n_gen, reps, depth, kv_type)
                 for k in ("weight_bytes", "isa", "kv_bytes_per_pos", "kv_type"):
                     res[k] = out[k]
             res[tool]["pp"] += out["pp"]
@@ -213,6 +216,8 @@ def main():
                     help="add the synthetic laptop-size models (bench/synthetic.py: Llama-3.2-3B and, with "
                          "--synthetic-8b, Llama-3.1-8B, Q4_K_M, real vocabulary), written to DIR once")
     ap.add_argument("--synthetic-8b", action="store_true")
+    ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"],
+                    help="KV cache of both tools (llama-bench -ctk/-ctv; pydecode kv_type)")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
     ap.add_argument("--tabulate", nargs="+", metavar="JSON",
                     help="run nothing: pool the samples of earlier --json files (same model, threads, "
@@ -260,7 +265,7 @@ def main():
             for depth in a.depth:
                 for t in a.threads:
                     log(f"[{label}] {path.name}  threads {t}  depth {depth}")
-                    results.append(compare(binary, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds, depth, log))
+                    results.append(compare(binary, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds, depth, log, a.kv_type))
                     results[-1]["table"] = label
         all_results[label] = results
         info = results[0].get("llama_info", {}) if results else {}
