@@ -99,11 +99,12 @@ def pydecode_run(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
         m.prefill(prompt[:8])  # warm up: page in the weights, start the threads
         pp, tg = [], []
         for _ in range(reps):
-            if depth:
-                m.prefill(prompt[:depth])  # the context (untimed), rebuilt every repetition
-            t = time.perf_counter()
-            m.prefill(prompt[:n_prompt], pos=depth)
-            pp.append(n_prompt / (time.perf_counter() - t))
+            if n_prompt:               # -p 0: tg only (at a depth, one context prefill per repetition)
+                if depth:
+                    m.prefill(prompt[:depth])  # the context (untimed), rebuilt every repetition
+                t = time.perf_counter()
+                m.prefill(prompt[:n_prompt], pos=depth)
+                pp.append(n_prompt / (time.perf_counter() - t))
             if depth:
                 m.prefill(prompt[:depth])
                 pos0 = depth

@@ -158,6 +158,11 @@ int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu
  * head_dim values per row, rows contiguous); out[n_q][head_dim] = softmax(scale q.K^T) V. */
 int pd_kernel_attn(const char *isa, int kv_type, int n_q, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
+/* The kernel table's group entries over one run of n <= 256 rows (rows contiguous, hd values each,
+ * in kv_type's format): scores[h][i] = q_h . K_i (unscaled; a Q8_0 cache's query quantized by
+ * isa's quantize_q8), then out[h][j] += sum_i scores[h][i] * V_i[j] (out holds its input). */
+int pd_kernel_attn_mh(const char *isa, int kv_type, int nh, int hd, const float *q, const void *k, const void *v,
+                      int n, float *scores, float *out);
 /* x[k] into k/32 GGML Q8_0 blocks (the KV cache's Q8_0 rows), by isa's quantizer. */
 int pd_kernel_quantize_q8_0(const char *isa, const float *x, void *out, int k);
 

@@ -74,16 +74,22 @@ typedef struct { const char *k[2], *v[2]; int len[2], nrun; } kv_runs;
 
 /* The partial attention of nh query heads over a chunk's n rows: res[h] = { max score, sum of
  * exp(score - max), sum of exp(score - max) V (head_dim) }. q: nh float vectors (F16/F32 cache)
- * or nh x hd/32 pd_q8 blocks (Q8_0). scores: nh x PD_ATTN_CHUNK floats. */
+ * or nh x hd/32 pd_q8 blocks (Q8_0). scores: nh x PD_ATTN_CHUNK floats. The group's scores and
+ * weighted sums are one kernel call per run where the table has attn_scores_mh / attn_accum_mh
+ * (each row converted once for all heads), else the format's matmul and a call per head. */
+#define PD_ATTN_ACC_FLOATS 4096
 static void chunk_partial(const pd_kernels *K, int kv_type, int nh, int hd, const void *q, const kv_runs *r,
                           size_t row_bytes, float scale, float *scores, float *res) {
     const int q8 = kv_type == PD_KV_Q8_0, f16 = kv_type == PD_KV_F16;
     const int type = q8 ? PD_Q8_0 : f16 ? PD_F16 : PD_F32;
     const size_t qs = q8 ? (size_t)hd / PD_QK * sizeof(pd_q8) : (size_t)hd * sizeof(float);
     const size_t esz = f16 ? 2 : 4;
+    const int mh = K->attn_accum_mh && hd <= PD_ATTN_ACC_FLOATS;
     int n = 0;
-    for (int j = 0; j < r->nrun; n += r->len[j++])
-        K->matmul[type](hd, r->k[j], row_bytes, r->len[j], q, qs, nh, scores + n, PD_ATTN_CHUNK);
+    for (int j = 0; j < r->nrun; n += r->len[j++]) {
+        if (K->attn_scores_mh) K->attn_scores_mh(kv_type, nh, hd, q, r->k[j], row_bytes, r->len[j], scores + n, PD_ATTN_CHUNK);
+        else K->matmul[type](hd, r->k[j], row_bytes, r->len[j], q, qs, nh, scores + n, PD_ATTN_CHUNK);
+    }
     const size_t pf = (size_t)hd + 2;
     for (int h = 0; h < nh; h++) {
         float *s = scores + (size_t)h * PD_ATTN_CHUNK, *out = res + h * pf, mx = -INFINITY;
@@ -91,10 +97,25 @@ static void chunk_partial(const pd_kernels *K, int kv_type, int nh, int hd, cons
         out[0] = mx;
         out[1] = K->exp_sub(s, n, mx);
         memset(out + 2, 0, (size_t)hd * sizeof(float));
+        if (mh) continue;
         for (int j = 0, o = 0; j < r->nrun; o += r->len[j++]) {
             if (q8) K->attn_accum_q8(out + 2, s + o, r->v[j], row_bytes, r->len[j], hd);
             else K->attn_accum(out + 2, s + o, r->v[j], row_bytes / esz, r->len[j], hd, f16);
         }
+    }
+    if (!mh) return;
+    /* The kernel's output is nh x hd contiguous, res has 2 floats before each head's: the sums go
+     * to a stack buffer, up to PD_ATTN_ACC_FLOATS / hd heads per call (a head's sums do not
+     * depend on the heads computed with it). */
+    float acc[PD_ATTN_ACC_FLOATS];
+    const int hg = PD_ATTN_ACC_FLOATS / hd;
+    for (int h0 = 0; h0 < nh; h0 += hg) {
+        const int g = nh - h0 < hg ? nh - h0 : hg;
+        memset(acc, 0, (size_t)g * hd * sizeof(float));
+        for (int j = 0, o = 0; j < r->nrun; o += r->len[j++])
+            K->attn_accum_mh(kv_type, g, hd, acc, scores + (size_t)h0 * PD_ATTN_CHUNK + o, PD_ATTN_CHUNK, r->v[j],
+                             row_bytes, r->len[j]);
+        for (int h = 0; h < g; h++) memcpy(res + (h0 + h) * pf + 2, acc + (size_t)h * hd, (size_t)hd * sizeof(float));
     }
 }
 

@@ -101,3 +101,23 @@ int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu
     kt->act_mul(g, u, n, gelu);
     return PD_OK;
 }
+
+/* attn_scores_mh then attn_accum_mh with the scores as the weights (tests/test_attn_kernels.py). */
+int pd_kernel_attn_mh(const char *isa, int kv_type, int nh, int hd, const float *q, const void *k, const void *v,
+                      int n, float *scores, float *out) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !kt->attn_scores_mh || !kt->attn_accum_mh || !q || !k || !v || !scores || !out || nh < 1 || hd < 1 ||
+        n < 1 || n > 256 || kv_type < PD_KV_F32 || kv_type > PD_KV_Q8_0 || (kv_type == PD_KV_Q8_0 && hd % PD_QK))
+        return PD_EINVAL;
+    const int q8 = kv_type == PD_KV_Q8_0;
+    const size_t row = q8 ? (size_t)hd / PD_QK * sizeof(pd_block_q8_0) : (size_t)hd * (kv_type == PD_KV_F16 ? 2 : 4);
+    pd_q8 *qq = NULL;
+    if (q8) {
+        if (!(qq = malloc((size_t)nh * (hd / PD_QK) * sizeof(pd_q8)))) return PD_ENOMEM;
+        for (int h = 0; h < nh; h++) kt->quantize_q8(q + (size_t)h * hd, qq + (size_t)h * (hd / PD_QK), hd);
+    }
+    kt->attn_scores_mh(kv_type, nh, hd, q8 ? (const void *)qq : (const void *)q, k, row, n, scores, (size_t)n);
+    kt->attn_accum_mh(kv_type, nh, hd, out, scores, (size_t)n, v, row, n);
+    free(qq);
+    return PD_OK;
+}

@@ -4,6 +4,7 @@
 #ifndef PD_KERNELS_H
 #define PD_KERNELS_H
 #include "kernels/formats.h"
+#include "pydecode.h"   /* PD_KV_F32, PD_KV_F16, PD_KV_Q8_0 */
 
 /* Y[c*y_stride + r] = dot(row r of W, column c of X) for r < nrows, c < ncols.
  * Row r of W starts at (const char*)w + r*w_stride and holds k values of the weight type.
@@ -30,6 +31,18 @@ typedef struct {
     /* attn_accum over a Q8_0 cache (hd % 32 == 0): row i is hd/32 pd_block_q8_0 at
      * (const char *)v + i*row_bytes; out += sum_i w[i] * d_ib * q_ib, block by block. */
     void (*attn_accum_q8)(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd);
+    /* A query-head group's attention over one contiguous run of n <= 256 cache rows (one call per
+     * run for all nh heads, so a SIMD table converts each K/V row once for the group and reduces
+     * many scores at once; core/attention.c falls back to matmul / attn_accum where NULL).
+     * kv_type: PD_KV_F16 (row = hd uint16 f16), PD_KV_F32, PD_KV_Q8_0 (hd/32 pd_block_q8_0);
+     * row i starts at (const char *)k + i*row_bytes.
+     * attn_scores_mh: s[h*s_stride + i] = q_h . K_i (unscaled) for h < nh, i < n; q is nh x hd
+     * floats (F16/F32) or nh x hd/32 pd_q8 blocks (Q8_0: the query quantized by quantize_q8).
+     * attn_accum_mh: out[h*hd + j] += sum_i w[h*w_stride + i] * V_i[j] for h < nh, j < hd. */
+    void (*attn_scores_mh)(int kv_type, int nh, int hd, const void *q, const void *k, size_t row_bytes, int n,
+                           float *s, size_t s_stride);
+    void (*attn_accum_mh)(int kv_type, int nh, int hd, float *out, const float *w, size_t w_stride, const void *v,
+                          size_t row_bytes, int n);
     /* The gated FFN activation, in place: g[i] = act(g[i]) * u[i], act = SiLU, or GELU (tanh
      * form) when gelu; both are z * sigmoid(.), computed from exp(-|.|) so nothing overflows. */
     void (*act_mul)(float *g, const float *u, int n, int gelu);
@@ -42,7 +55,8 @@ typedef struct {
 
 /* A table over an ISA file's functions of the standard names: quantize_q8, quantize_q8k,
  * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k), f32_to_f16,
- * exp_sub, attn_accum, attn_accum_q8, act_mul, sum_exp, collect_above, then the designators given
+ * exp_sub, attn_accum, attn_accum_q8, attn_scores_mh, attn_accum_mh, act_mul, sum_exp, collect_above,
+ * then the designators given
  * after the name (the repacked layouts' entries). (A table that reuses
  * another's entries: x86/avx2_exports.h.) */
 #define PD_KERNEL_TABLE(isa_name, ...) {                                                             \
@@ -53,8 +67,30 @@ typedef struct {
                 [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k, [PD_Q5_K] = matmul_q5_k,     \
                 [PD_Q6_K] = matmul_q6_k },                                                     \
     .f32_to_f16 = f32_to_f16, .exp_sub = exp_sub,                  \
-    .attn_accum = attn_accum, .attn_accum_q8 = attn_accum_q8, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \
+    .attn_accum = attn_accum, .attn_accum_q8 = attn_accum_q8, .attn_scores_mh = attn_scores_mh,   \
+    .attn_accum_mh = attn_accum_mh, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \
     __VA_ARGS__ }
+
+/* attn_scores_mh and attn_accum_mh by a file's per-head entries (its matmul_q8_0 / matmul_f16 /
+ * matmul_f32 with a column per head, and attn_accum / attn_accum_q8 once per head): what the
+ * scalar table (as the tests' plain-C twin), AVX2 and ARM tables use, where one convert per
+ * row for the group would gain little against the per-head loops they already have. */
+#define PD_ATTN_MH_BY_HEAD                                                                          \
+    static void attn_scores_mh(int kv_type, int nh, int hd, const void *q, const void *k, size_t row_bytes, \
+                               int n, float *s, size_t s_stride) {                                  \
+        const int q8 = kv_type == PD_KV_Q8_0;                                                       \
+        pd_matmul_fn mm = q8 ? matmul_q8_0 : kv_type == PD_KV_F16 ? matmul_f16 : matmul_f32;       \
+        mm(hd, k, row_bytes, n, q, q8 ? (size_t)hd / PD_QK * sizeof(pd_q8) : (size_t)hd * sizeof(float), nh, \
+           s, s_stride);                                                                            \
+    }                                                                                               \
+    static void attn_accum_mh(int kv_type, int nh, int hd, float *out, const float *w, size_t w_stride, \
+                              const void *v, size_t row_bytes, int n) {                             \
+        for (int h = 0; h < nh; h++) {                                                              \
+            if (kv_type == PD_KV_Q8_0) attn_accum_q8(out + (size_t)h * hd, w + h * w_stride, v, row_bytes, n, hd); \
+            else attn_accum(out + (size_t)h * hd, w + h * w_stride, v,                              \
+                            row_bytes / (kv_type == PD_KV_F16 ? 2 : 4), n, hd, kv_type == PD_KV_F16); \
+        }                                                                                           \
+    }
 
 extern const pd_kernels pd_kernels_scalar;
 #if defined(PD_HAVE_AVX2)

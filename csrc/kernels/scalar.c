@@ -303,4 +303,6 @@ static int collect_above(const float *x, int n, float t, int32_t *out) {
     return nc;
 }
 
+PD_ATTN_MH_BY_HEAD   /* the twins of attn_scores_mh / attn_accum_mh: the matmuls and accums above */
+
 const pd_kernels pd_kernels_scalar = PD_KERNEL_TABLE("scalar");

@@ -422,6 +422,8 @@ static void attn_accum_q8(float *out, const float *w, const void *v, size_t row_
     }
 }
 
+PD_ATTN_MH_BY_HEAD   /* kernels.h: the group's attention by one call per head of the loops above */
+
 /* exp(x) for x <= 0 to ~2 ulp: exp_poly.h's reduction and polynomial, as x86/exp.h has them. */
 AI float32x4_t exp4(float32x4_t x) {
     const float32x4_t lo = vdupq_n_f32(PD_EXP_MIN);

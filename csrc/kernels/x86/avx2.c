@@ -439,6 +439,8 @@ static int collect_above(const float *x, int n, float t, int32_t *out) {
     return nc;
 }
 
+PD_ATTN_MH_BY_HEAD   /* kernels.h: one call per head of the loops above */
+
 const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2", .matmul[PD_Q4_K_R16] = matmul_q4_k_r16,
     .matmul[PD_Q6_K_R16] = matmul_q6_k_r16, .matmul[PD_Q4_0_R16] = matmul_q4_0_r16,
     .matmul[PD_Q4_1_R16] = matmul_q4_1_r16, .matmul[PD_Q5_0_R16] = matmul_q5_0_r16,
@@ -458,6 +460,8 @@ PD_AVX2_EXPORT(f32_to_f16)
 PD_AVX2_EXPORT(exp_sub)
 PD_AVX2_EXPORT(attn_accum)
 PD_AVX2_EXPORT(attn_accum_q8)
+PD_AVX2_EXPORT(attn_scores_mh)
+PD_AVX2_EXPORT(attn_accum_mh)
 PD_AVX2_EXPORT(sum_exp)
 PD_AVX2_EXPORT(collect_above)
 #endif

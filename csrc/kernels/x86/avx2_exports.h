@@ -13,6 +13,10 @@ void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
 float pd_avx2_exp_sub(float *x, int n, float shift);
 void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
 void pd_avx2_attn_accum_q8(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd);
+void pd_avx2_attn_scores_mh(int kv_type, int nh, int hd, const void *q, const void *k, size_t row_bytes, int n,
+                            float *s, size_t s_stride);
+void pd_avx2_attn_accum_mh(int kv_type, int nh, int hd, float *out, const float *w, size_t w_stride, const void *v,
+                           size_t row_bytes, int n);
 void pd_avx2_act_mul(float *g, const float *u, int n, int gelu);
 double pd_avx2_sum_exp(const float *x, int n, float scale, float shift);
 int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
@@ -23,7 +27,8 @@ int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
                 [PD_BF16] = pd_avx2_matmul_bf16, [PD_Q8_0] = pd_avx2_matmul_q8_0 },            \
     .f32_to_f16 = pd_avx2_f32_to_f16,                       \
     .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,    \
-    .attn_accum_q8 = pd_avx2_attn_accum_q8, .act_mul = pd_avx2_act_mul,  \
+    .attn_accum_q8 = pd_avx2_attn_accum_q8, .attn_scores_mh = pd_avx2_attn_scores_mh,           \
+    .attn_accum_mh = pd_avx2_attn_accum_mh, .act_mul = pd_avx2_act_mul,                          \
     .sum_exp = pd_avx2_sum_exp, .collect_above = pd_avx2_collect_above, __VA_ARGS__ }
 /* Overrides of the block formats' matmuls by the file's own of the standard names. */
 #define PD_BLOCK_MATMULS_OWN                                                                    \

@@ -543,7 +543,13 @@ static int collect_above(const float *x, int n, float t, int32_t *out) {
     return nc;
 }
 
-/* Attention is the AVX2 table's: bound by the cache rows' reads, not by the vector width. */
+/* Attention: exp and the per-head loops are the AVX2 table's; the group's scores and weighted sums
+ * over a run of rows are x86/avx512_attn.c's (one convert per row for all heads, scores reduced
+ * 16 at a time). */
+void pd_avx512_attn_scores_mh(int kv_type, int nh, int hd, const void *q, const void *k, size_t row_bytes, int n,
+                              float *s, size_t s_stride);
+void pd_avx512_attn_accum_mh(int kv_type, int nh, int hd, float *out, const float *w, size_t w_stride,
+                             const void *v, size_t row_bytes, int n);
 #define matmul_q2_k pd_avx512_matmul_q2_k
 #define matmul_q3_k pd_avx512_matmul_q3_k
 #define matmul_q4_k pd_avx512_matmul_q4_k
@@ -553,5 +559,6 @@ const pd_kernels pd_kernels_avx512 = PD_TABLE_OVER_AVX2(
     "avx512", PD_BLOCK_MATMULS_OWN, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,
     .matmul[PD_F32] = matmul_f32, .matmul[PD_F16] = matmul_f16, .matmul[PD_BF16] = matmul_bf16,
     .matmul[PD_Q4_K_R16] = pd_avx512_matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = pd_avx512_matmul_q6_k_r16,
-    .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above);
+    .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above,
+    .attn_scores_mh = pd_avx512_attn_scores_mh, .attn_accum_mh = pd_avx512_attn_accum_mh);
 #endif
