@@ -63,10 +63,10 @@ def perplexity(m: Model, ids: list[int], chunk: int = 128) -> float:
     return float(np.exp(nll / (len(ids) - 1)))
 
 
-def measure(name: str, threads: int, n_text: int) -> dict:
+def measure(name: str, threads: int, n_text: int, pair=("f16", "q8_0")) -> dict:
     path = resolve(name)
-    models = {kv: Model(path, n_ctx=max(n_text, 512) + 8, n_threads=threads, kv_type=kv) for kv in ("f16", "q8_0")}
-    f16, q8 = models["f16"], models["q8_0"]
+    models = {kv: Model(path, n_ctx=max(n_text, 512) + 8, n_threads=threads, kv_type=kv) for kv in pair}
+    f16, q8 = models[pair[0]], models[pair[1]]    # the reference cache and the one measured
     try:
         res = {"model": name, "isa": f16.isa, "kv_bytes_per_token": {kv: m.config.kv_bytes_per_token(m.kv_elem_bytes)
                                                                     for kv, m in models.items()}}
@@ -104,18 +104,21 @@ def main() -> None:
     ap.add_argument("-m", "--model", nargs="+", default=MODELS)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--text-tokens", type=int, default=3000)
+    ap.add_argument("--pair", nargs=2, default=["f16", "q8_0"], metavar=("REF", "TEST"),
+                    help="the two caches compared (--pair f32 f16: how much f16 itself parts from f32)")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
-    print("| model | max \\|Δlogit\\| (256 pos) | mean of per-position max | greedy same (6) | parted: f16 top-2 margin "
-          "| ppl f16 | ppl q8_0 | Δppl |")
+    ref, test = a.pair
+    print(f"| model | max \\|Δlogit\\| (256 pos) | mean of per-position max | greedy same (6) | parted: {ref} top-2 margin "
+          f"| ppl {ref} | ppl {test} | Δppl |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.model:
-        r = measure(name, a.threads, a.text_tokens)
+        r = measure(name, a.threads, a.text_tokens, tuple(a.pair))
         rows.append(r)
         same = sum(c["same"] for c in r["greedy"])
         parted = ", ".join(f"{c['f16_top2_margin']:.3f} @ {c['parted_at']}" for c in r["greedy"] if not c["same"]) or "-"
-        p16, p8 = r["ppl"]["f16"], r["ppl"]["q8_0"]
+        p16, p8 = r["ppl"][a.pair[0]], r["ppl"][a.pair[1]]
         print(f"| {name} | {r['max_dlogit_256']:.3f} | {r['mean_max_dlogit_256']:.3f} | {same}/6 | {parted} "
               f"| {p16:.4f} | {p8:.4f} | {100 * (p8 / p16 - 1):+.2f}% |", flush=True)
     if a.json:

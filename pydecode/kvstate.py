@@ -59,7 +59,9 @@ def fingerprint(model) -> str:
 
 def _shapes(model) -> dict:
     c = model.config
+    # k_rotation: a q8_0 cache holds K rotated by 32-point Hadamard blocks (csrc/core/attention.c)
     return {"n_layer": c.n_layer, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
+            "k_rotation": "hadamard32" if model.kv_type == "q8_0" else "none",
             "sliding_window": c.sliding_window,
             "local_layers": "".join("1" if c.layer_is_local(layer) else "0" for layer in range(c.n_layer))}
 

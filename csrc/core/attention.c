@@ -62,9 +62,37 @@ static void store_row(const pd_model *m, const float *x, char *dst) {
     }
 }
 
-/* append_kv: the K and V rows of a token (sequence slot s, position p) go into layer l's cache. */
-void pd_append_kv(pd_model *m, int l, int s, int p, const float *k, const float *v) {
+/* x[0..32) <- H x / sqrt(32), H the 32-point Walsh-Hadamard matrix: orthonormal and its own
+ * inverse, so q.k = Hq.Hk. A Q8_0 cache stores K rotated, and the query is rotated alike before it
+ * is quantized: an outlier dimension (Qwen2's K biases reach ~100 where the rest are ~1) is
+ * spread over its block instead of setting the block's scale for the 31 small values beside it.
+ * Qwen2.5-Coder-0.5B, first logits of a short prompt against an f32 cache: max |delta| 14.9
+ * without, 0.68 with (f16's: 0.50). V is stored as it is (its weighted sum is linear: an outlier
+ * costs it no more than it is worth). */
+static void hadamard32(float *x) {
+    for (int h = 1; h < 32; h <<= 1)
+        for (int i = 0; i < 32; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    for (int i = 0; i < 32; i++) x[i] *= 0.17677669529663687f;   /* 1 / sqrt(32) */
+}
+
+void pd_attn_query(pd_model *m, int t, int h, float *q) {
+    const int hd = m->c.head_dim, qd = m->c.n_head * hd;
+    if (m->c.kv_type != PD_KV_Q8_0) return;
+    for (int b = 0; b < hd; b += PD_QK) hadamard32(q + b);
+    m->kt->quantize_q8(q, m->qq + (size_t)t * (qd / PD_QK) + (size_t)h * (hd / PD_QK), hd);
+}
+
+/* append_kv: the K and V rows of a token (sequence slot s, position p) go into layer l's cache
+ * (k is scratch: a Q8_0 cache rotates it in place first). */
+void pd_append_kv(pd_model *m, int l, int s, int p, float *k, const float *v) {
     const size_t off = pd_kv_layer_off(m, l, s, p);
+    if (m->c.kv_type == PD_KV_Q8_0)
+        for (int b = 0; b < m->c.n_head_kv * m->c.head_dim; b += PD_QK) hadamard32(k + b);
     store_row(m, k, (char *)m->kc[l] + off);
     store_row(m, v, (char *)m->vc[l] + off);
 }

@@ -155,8 +155,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
         for (int h = 0; h < c->n_head; h++) {
             if (qn->data) rmsnorm(q + h * hd, q + h * hd, (const float *)qn->data, hd, c->norm_eps);
             rope(q + h * hd, c->rope_dim, c->rope_neox, cs);
-            if (c->kv_type == PD_KV_Q8_0)   /* the query of a Q8_0 cache's integer scores */
-                m->kt->quantize_q8(q + h * hd, m->qq + (size_t)t * (qd / PD_QK) + h * (hd / PD_QK), hd);
+            pd_attn_query(m, t, h, q + h * hd);   /* a Q8_0 cache's integer scores need it quantized */
         }
         for (int h = 0; h < c->n_head_kv; h++) {
             if (kn->data) rmsnorm(kk + h * hd, kk + h * hd, (const float *)kn->data, hd, c->norm_eps);

@@ -151,7 +151,10 @@ int pd_attn_max_chunks(const pd_config *c);
 int pd_attn_wave(const pd_config *c);
 size_t pd_attn_scratch_floats(const pd_config *c);
 int pd_step_phases(const pd_model *m, int n);      /* phases a step of n tokens runs, at most */
-void pd_append_kv(pd_model *m, int l, int s, int p, const float *k, const float *v);
+void pd_append_kv(pd_model *m, int l, int s, int p, float *k, const float *v);
+/* The query head h of token t as a Q8_0 cache's scores need it (rotated, quantized to m->qq);
+ * nothing for the other formats. */
+void pd_attn_query(pd_model *m, int t, int h, float *q);
 int pd_attention(pd_worker *w, step_ctx *s, int l); /* layer l's attention phases; -1: fell behind */
 size_t pd_kv_layer_off(const pd_model *m, int l, int s, int p);   /* byte offset of (slot, position) */
 #endif
