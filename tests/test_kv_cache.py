@@ -12,20 +12,13 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from pydecode._core import ffi, lib
-from test_kernels import ISAS, SIMD_ISAS, q8_numpy
+from test_kernels import SIMD_ISAS, isa, q8_numpy  # noqa: F401 (isa: the fixture)
 
 KV = {"f32": lib.PD_KV_F32, "f16": lib.PD_KV_F16, "q8_0": lib.PD_KV_Q8_0}
 CHUNK = 256   # PD_ATTN_CHUNK (core/model.h): past it a query is combined from several chunks
 # |out - ref| <= ATTN_REL * max|V| * max(1, max|s| / 10): float32 scores of size |s| carry an
 # absolute error ~|s| eps that exp turns into a relative one.
 ATTN_REL = 1e-5
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    if not lib.pd_isa_supported(request.param.encode()):
-        pytest.skip(f"ISA {request.param!r} is not compiled in or not supported by this CPU")
-    return request.param
 
 
 def cache_rows(kv, x):
