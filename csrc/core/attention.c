@@ -31,20 +31,23 @@ size_t pd_kv_row_bytes(const pd_config *c) {
 /* Chunks a query's positions can span: its window (n_ctx, or a local layer's) cut at multiples of
  * the chunk, plus one where it does not start on a boundary. */
 int pd_attn_max_chunks(const pd_config *c) {
-    return (c->n_ctx > 0 ? (c->n_ctx + PD_ATTN_CHUNK - 1) / PD_ATTN_CHUNK : 0) + 1;
+    return (c->n_ctx > 0 ? (int)(((int64_t)c->n_ctx + PD_ATTN_CHUNK - 1) / PD_ATTN_CHUNK) : 0) + 1;
 }
 
 /* Tokens per wave: as many as PD_ATTN_PART_BYTES of partial results hold (at least one). */
 #define PD_ATTN_PART_BYTES (8u << 20)
 static size_t part_floats(const pd_config *c) { return (size_t)c->head_dim + 2; }
 int pd_attn_wave(const pd_config *c) {
-    const size_t per_token = (size_t)c->n_head * pd_attn_max_chunks(c) * part_floats(c) * sizeof(float);
+    /* (sizes of a config not yet validated are clamped: pd_config_memory_bytes asks before a load) */
+    const size_t nh = c->n_head > 0 ? (size_t)c->n_head : 1, hd = c->head_dim > 0 ? (size_t)c->head_dim : 1;
+    const size_t per_token = nh * pd_attn_max_chunks(c) * (hd + 2) * sizeof(float);
     size_t w = PD_ATTN_PART_BYTES / per_token;
-    const size_t cap = c->n_batch < PD_ATTN_MAX_WAVE ? (size_t)c->n_batch : PD_ATTN_MAX_WAVE;
+    const size_t cap = c->n_batch < 1 ? 1 : c->n_batch < PD_ATTN_MAX_WAVE ? (size_t)c->n_batch : PD_ATTN_MAX_WAVE;
     return w < 1 ? 1 : (int)(w > cap ? cap : w);
 }
 size_t pd_attn_scratch_floats(const pd_config *c) {   /* per thread: a group's scores and results */
-    return (size_t)(c->n_head_kv > 0 ? c->n_head / c->n_head_kv : 1) * (PD_ATTN_CHUNK + part_floats(c));
+    const size_t g = c->n_head_kv > 0 && c->n_head > c->n_head_kv ? (size_t)(c->n_head / c->n_head_kv) : 1;
+    return g * (PD_ATTN_CHUNK + (c->head_dim > 0 ? part_floats(c) : 2));
 }
 
 /* Byte offset of position p of sequence slot s in layer l's cache (a row of every KV head). */

@@ -226,7 +226,8 @@ static void scratch_sizes(const pd_config *c, size_t sz[S_N]) {
     sz[S_GATE] = sz[S_UP] = nb * (size_t)c->n_ff * sizeof(float);
     sz[S_SCORES] = (size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_attn_scratch_floats(c) * sizeof(float);
     sz[S_QQ] = c->kv_type == PD_KV_Q8_0 ? nb * (qd / PD_QK) * sizeof(pd_q8) : sizeof(pd_q8);
-    sz[S_PART] = (size_t)pd_attn_wave(c) * c->n_head * pd_attn_max_chunks(c) * (c->head_dim + 2) * sizeof(float);
+    sz[S_PART] = (size_t)pd_attn_wave(c) * (size_t)(c->n_head > 0 ? c->n_head : 1) * (size_t)pd_attn_max_chunks(c) *
+                 (size_t)(c->head_dim > 0 ? c->head_dim + 2 : 2) * sizeof(float);
     sz[S_ROPE] = nb * 2 * (size_t)(rope_dim > 0 ? rope_dim : 2) * sizeof(float);
     sz[S_IDX] = nb * sizeof(int32_t);
 }
