@@ -24,8 +24,7 @@
 #include <string.h>
 
 size_t pd_kv_row_bytes(const pd_config *c) {
-    const size_t kvd = (size_t)c->n_head_kv * c->head_dim;
-    return c->kv_type == PD_KV_Q8_0 ? kvd / PD_QK * sizeof(pd_block_q8_0) : kvd * (c->kv_type == PD_KV_F16 ? 2 : 4);
+    return pd_kv_bytes(c->kv_type, (size_t)c->n_head_kv * c->head_dim);
 }
 
 /* Chunks a query's positions can span: its window (n_ctx, or a local layer's) cut at multiples of
@@ -106,21 +105,17 @@ typedef struct { const char *k[2], *v[2]; int len[2], nrun; } kv_runs;
 /* The partial attention of nh query heads over a chunk's n rows: res[h] = { max score, sum of
  * exp(score - max), sum of exp(score - max) V (head_dim) }. q: nh float vectors (F16/F32 cache)
  * or nh x hd/32 pd_q8 blocks (Q8_0). scores: nh x PD_ATTN_CHUNK floats. The group's scores and
- * weighted sums are one kernel call per run where the table has attn_scores_mh / attn_accum_mh
- * (each row converted once for all heads), else the format's matmul and a call per head. */
+ * weighted sums are one kernel call per run (attn_scores_mh / attn_accum_mh: each row converted
+ * once for all heads); only a head past PD_ATTN_ACC_FLOATS values sums per head. */
 #define PD_ATTN_ACC_FLOATS 4096
 static void chunk_partial(const pd_kernels *K, int kv_type, int nh, int hd, const void *q, const kv_runs *r,
                           size_t row_bytes, float scale, float *scores, float *res) {
     const int q8 = kv_type == PD_KV_Q8_0, f16 = kv_type == PD_KV_F16;
-    const int type = q8 ? PD_Q8_0 : f16 ? PD_F16 : PD_F32;
-    const size_t qs = q8 ? (size_t)hd / PD_QK * sizeof(pd_q8) : (size_t)hd * sizeof(float);
     const size_t esz = f16 ? 2 : 4;
-    const int mh = K->attn_accum_mh && hd <= PD_ATTN_ACC_FLOATS;
+    const int mh = hd <= PD_ATTN_ACC_FLOATS;
     int n = 0;
-    for (int j = 0; j < r->nrun; n += r->len[j++]) {
-        if (K->attn_scores_mh) K->attn_scores_mh(kv_type, nh, hd, q, r->k[j], row_bytes, r->len[j], scores + n, PD_ATTN_CHUNK);
-        else K->matmul[type](hd, r->k[j], row_bytes, r->len[j], q, qs, nh, scores + n, PD_ATTN_CHUNK);
-    }
+    for (int j = 0; j < r->nrun; n += r->len[j++])
+        K->attn_scores_mh(kv_type, nh, hd, q, r->k[j], row_bytes, r->len[j], scores + n, PD_ATTN_CHUNK);
     const size_t pf = (size_t)hd + 2;
     for (int h = 0; h < nh; h++) {
         float *s = scores + (size_t)h * PD_ATTN_CHUNK, *out = res + h * pf, mx = -INFINITY;
@@ -254,8 +249,7 @@ int pd_kernel_attn(const char *isa, int kv_type, int n_q, const float *q, const 
         kv_type > PD_KV_Q8_0 || (kv_type == PD_KV_Q8_0 && head_dim % PD_QK))
         return PD_EINVAL;
     const size_t pf = (size_t)head_dim + 2, nch = (size_t)(n_pos + PD_ATTN_CHUNK - 1) / PD_ATTN_CHUNK;
-    const size_t row = kv_type == PD_KV_Q8_0 ? (size_t)head_dim / PD_QK * sizeof(pd_block_q8_0)
-                                             : (size_t)head_dim * (kv_type == PD_KV_F16 ? 2 : 4);
+    const size_t row = pd_kv_bytes(kv_type, (size_t)head_dim);
     float *scores = malloc((size_t)n_q * PD_ATTN_CHUNK * sizeof(float));
     float *part = malloc(nch * n_q * pf * sizeof(float)), *res = malloc(n_q * pf * sizeof(float));
     pd_q8 *qq = malloc((size_t)n_q * (head_dim / PD_QK + 1) * sizeof(pd_q8));

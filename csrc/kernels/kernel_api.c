@@ -110,7 +110,7 @@ int pd_kernel_attn_mh(const char *isa, int kv_type, int nh, int hd, const float 
         n < 1 || n > 256 || kv_type < PD_KV_F32 || kv_type > PD_KV_Q8_0 || (kv_type == PD_KV_Q8_0 && hd % PD_QK))
         return PD_EINVAL;
     const int q8 = kv_type == PD_KV_Q8_0;
-    const size_t row = q8 ? (size_t)hd / PD_QK * sizeof(pd_block_q8_0) : (size_t)hd * (kv_type == PD_KV_F16 ? 2 : 4);
+    const size_t row = pd_kv_bytes(kv_type, (size_t)hd);
     pd_q8 *qq = NULL;
     if (q8) {
         if (!(qq = malloc((size_t)nh * (hd / PD_QK) * sizeof(pd_q8)))) return PD_ENOMEM;

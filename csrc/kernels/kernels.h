@@ -33,7 +33,8 @@ typedef struct {
     void (*attn_accum_q8)(float *out, const float *w, const void *v, size_t row_bytes, int n, int hd);
     /* A query-head group's attention over one contiguous run of n <= 256 cache rows (one call per
      * run for all nh heads, so a SIMD table converts each K/V row once for the group and reduces
-     * many scores at once; core/attention.c falls back to matmul / attn_accum where NULL).
+     * many scores at once; every table has them: PD_ATTN_MH_BY_HEAD builds them from the
+     * per-head kernels).
      * kv_type: PD_KV_F16 (row = hd uint16 f16), PD_KV_F32, PD_KV_Q8_0 (hd/32 pd_block_q8_0);
      * row i starts at (const char *)k + i*row_bytes.
      * attn_scores_mh: s[h*s_stride + i] = q_h . K_i (unscaled) for h < nh, i < n; q is nh x hd
@@ -114,6 +115,11 @@ extern const pd_kernels pd_kernels_dotprod;   /* ARMv8.2 dot product (SDOT) */
 #if defined(PD_HAVE_I8MM)
 extern const pd_kernels pd_kernels_i8mm;      /* + ARMv8.6 int8 matrix multiply (SMMLA) batch tiles */
 #endif
+
+/* Bytes of n values (n % 32 == 0 for Q8_0) in a KV cache format: the one formula of a cache row. */
+static inline size_t pd_kv_bytes(int kv_type, size_t n) {
+    return kv_type == PD_KV_Q8_0 ? n / PD_QK * sizeof(pd_block_q8_0) : n * (kv_type == PD_KV_F16 ? 2 : 4);
+}
 
 /* x[k] (k % 32 == 0) as k/32 GGML Q8_0 blocks by K's quantize_q8 (gguf's rule, its scale then
  * rounded to f16): the KV cache's Q8_0 rows (kernels/quant.c). */
