@@ -192,4 +192,15 @@ int pd_draw_candidates(const float *vals, int n, float inv_t, double z, double t
 /* The truncated chain (top-k, top-p, min-p, draw) in one call; returns the token id. */
 int pd_sample_truncated(const float *x, int n, int top_k, int first, float inv_t, double top_p,
                         double min_p, double u01);
+/* Structured output's token bitmask (bit i % 32 of word i / 32 set = token i allowed; sampling.c):
+ * the best allowed token (the first on ties, as numpy's argmax; -1 when none is allowed), the
+ * logits with disallowed tokens at -inf (returns the count allowed), and the count allowed. */
+int pd_argmax_masked(const float *x, int n, const uint32_t *mask);
+int pd_apply_mask(float *dst, const float *x, int n, const uint32_t *mask);
+int pd_mask_count(const uint32_t *mask, int n);
+/* The truncated draw of pd_model_summary_sample over the allowed tokens only, when the summary
+ * decides it exactly (top_k <= PD_SUMM_K and at least top_k allowed candidates above every
+ * list's threshold); -1: sample the masked logits instead, -2: no summary. */
+int pd_model_summary_sample_masked(pd_model *m, int top_k, double top_p, double min_p, double u01,
+                                   const uint32_t *mask);
 #endif

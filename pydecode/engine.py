@@ -37,7 +37,7 @@ from .generation import TokenPolicy, prompt_ids
 from .model import Model, _is_int
 from .request import Handle, _Seq, _wake
 from .sampling import SamplingParams
-from . import speculative
+from . import constraint, speculative
 
 
 class Engine:
@@ -83,6 +83,9 @@ class Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._summ = 0.0                       # the model's sampling-summary setting, as last set here
+        # Tokens a constraint forces run through the model in one pass (False: one step each;
+        # the same tokens either way, which the tests check).
+        self.forced_runs = True
         # Leases still held when the engine is dropped go back to the model's ledger.
         weakref.finalize(self, _release_leases, model.slots, self._active)
 
@@ -90,7 +93,8 @@ class Engine:
 
     def submit(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
-               ignore_eos: bool = False, **sampling) -> Handle:
+               ignore_eos: bool = False, json_schema=None, regex: str | None = None, grammar: str | None = None,
+               choices: list[str] | None = None, response_format: dict | None = None, **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
         parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
@@ -98,7 +102,12 @@ class Engine:
         its errors are ignored), e.g. for a progress bar. draft_tokens: the most tokens a
         drafter (the engine's `draft`) may propose per pass, 0..speculative.MAX_DRAFT (0: decode
         plainly; default: MAX_DRAFT when the engine has a drafter); the output is the same.
-        ignore_eos: generate past end-of-generation tokens, to max_tokens (benchmarks)."""
+        ignore_eos: generate past end-of-generation tokens, to max_tokens (benchmarks).
+        Structured output (pydecode/constraint.py), at most one of: json_schema (a dict or a JSON
+        string), regex, grammar (Lark or GBNF), choices (the output is one of these strings),
+        response_format (OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"name", "schema", "strict"}}, or llama-cpp-python's {"type": "json_object", "schema": ...}).
+        The output then always matches it; a bad one raises ValueError here."""
         m = self.model
         if self._closed:
             raise ModelClosedError("the engine is closed")
@@ -106,10 +115,19 @@ class Engine:
             raise ValueError(f"draft_tokens must be an integer in 0..{speculative.MAX_DRAFT} or None, got {draft_tokens!r}")
         m.check_file()
         ids = prompt_ids(m.tokenizer, prompt, m.n_vocab)
-        policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, SamplingParams(**sampling),
-                             stop=stop, logprobs=logprobs, ignore_eos=ignore_eos)
+        params = SamplingParams(**sampling)
+        g = constraint.grammar_of(json_schema, regex, grammar, choices, response_format)
+        policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, params, stop=stop,
+                             logprobs=logprobs, ignore_eos=ignore_eos,
+                             constraint=None if g is None else constraint.Constraint(
+                                 m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g),
+                                 greedy=params.temperature == 0))
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
+        s.pieces.extend(policy.start())   # what a constraint forces first
+        if policy.completion is not None:   # ... may be the whole output (choices=["yes"])
+            s.done = True
+            return Handle(self, s)
         if self.draft is not None:
             s.draft_max = speculative.MAX_DRAFT if draft_tokens is None else draft_tokens
         if s.draft_max:
@@ -223,17 +241,25 @@ class Engine:
             self._active.append(s)
             self._queue.popleft()
         items = []   # (seq, its tokens, logits rows it needs: 0, 1, or 1 + its drafts)
-        for s in self._active:
-            if len(s.kv) >= len(s.prompt):   # decoding: the token it sampled last step
-                items.append((s, [s.policy.tokens[-1]], 1))
-        # >= 1 while a prompt is pending: decodes <= max_seqs - 1 <= n_batch - 1.
-        budget = min(self.model.n_batch - len(items), self._chunk())
+        decoding = [s for s in self._active if len(s.kv) >= len(s.prompt)]
+        room = self.model.n_batch - len(decoding)   # one token each is theirs
+        for s in decoding:
+            # The token it sampled last step, and the tokens a constraint forced after it (run
+            # together, unsampled: the logits row needed is the last one's).
+            pend = _pending(s)
+            take = 1 + (min(len(pend) - 1, room) if self.forced_runs else 0)
+            room -= take - 1
+            items.append((s, pend[:take], int(take == len(pend))))
+        # >= 1 while a prompt is pending (decodes <= max_seqs - 1 <= n_batch - 1), unless forced
+        # runs took the room this step.
+        budget = min(room, self._chunk())
         for s in self._active:
             if budget <= 0:
                 break
-            if len(s.kv) < len(s.prompt):
-                toks = s.prompt[len(s.kv):len(s.kv) + budget]
-                items.append((s, toks, int(len(s.kv) + len(toks) == len(s.prompt))))
+            if len(s.kv) < len(s.prompt):   # its prompt's next chunk (with the tokens forced after it)
+                pend = _pending(s)
+                toks = pend[:budget]
+                items.append((s, toks, int(len(toks) == len(pend))))
                 budget -= len(toks)
         return items
 
@@ -264,7 +290,10 @@ class Engine:
         """The step's one model call; returns its logits rows. With one row of one sequence
         whose sampler can use it, the step also summarizes the logits for the draw."""
         m = self.model
-        want = items[0][0].policy.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
+        p = items[0][0].policy
+        want = p.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
+        if want and p.constraint is not None and not p.sampler.params.top_k:
+            want = 0.0   # a masked draw can use the summary only under a top-k bound
         if want != self._summ:
             m.set_summary(want)
             self._summ = want
@@ -535,6 +564,15 @@ def _drive(engine_ref, cond) -> None:
             return
         finally:
             del eng
+
+
+def _pending(s: _Seq) -> list[int]:
+    """The tokens a sequence knows but its slot does not hold yet: the rest of its prompt, then
+    its output's (the last sampled token, and any a constraint forced)."""
+    n = len(s.kv)
+    if n < len(s.prompt):
+        return s.prompt[n:] + s.policy.tokens
+    return s.policy.tokens[n - len(s.prompt):]
 
 
 def _release_leases(ledger, active: list) -> None:

@@ -89,7 +89,10 @@ class Completion:
     stats: Stats
     stop_detail: str = ""            # which stop fired: "end-of-generation token 2 '<|im_end|>'",
                                      # "stop string '\\n\\n'", "max_tokens=64", "context full ...", "cancel()"
-    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None  # (token, logprob, top-N)
+    logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None  # (token, logprob, top-N);
+                                     # a token the grammar forced has (token, None, []): the model never scored it
+    complete: bool | None = None     # structured output: whether the text is a whole match of the
+                                     # constraint (False: cut off by max_tokens, the context or a stop string)
 
 
 def should_stop(token: int, n_generated: int, max_tokens: int, pos: int, n_ctx: int,
@@ -174,7 +177,8 @@ class TokenPolicy:
     the generation has ended (`completion` is set) or `tokens[-1]` must be decoded at `pos`."""
 
     def __init__(self, tokenizer, n_vocab: int, n_ctx: int, prompt: list[int], max_tokens: int,
-                 params: SamplingParams, stop=None, logprobs: int | None = None, ignore_eos: bool = False):
+                 params: SamplingParams, stop=None, logprobs: int | None = None, ignore_eos: bool = False,
+                 constraint=None):
         if not prompt:
             raise ValueError("the prompt is empty (no tokens)")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -185,6 +189,8 @@ class TokenPolicy:
             raise ValueError(f"ignore_eos must be a bool, got {ignore_eos!r}")
         if len(prompt) > n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}")
+        if constraint is not None and ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured output (the grammar decides where it ends)")
         self.tokenizer, self.n_ctx, self.max_tokens, self.logprobs = tokenizer, n_ctx, max_tokens, logprobs
         self.stops = StopStrings(stop)
         self.sampler = Sampler(params, n_vocab)
@@ -197,35 +203,80 @@ class TokenPolicy:
         self.t0 = time.perf_counter()      # ttft counts from here (the driver resets it)
         self._text: list[str] = []
         self._lps: list | None = [] if logprobs is not None else None
+        self._sampled = False
+        self.pos0 = len(prompt)
+        # Structured output (pydecode/constraint.py): the matcher that masks each step's choice
+        # and forces the tokens the grammar leaves no choice about.
+        self.constraint = constraint
+
+    def start(self) -> list[Piece]:
+        """The pieces of the tokens a constraint forces before anything is sampled (they are
+        prefilled with the prompt); [] without one."""
+        out: list[Piece] = []
+        c = self.constraint
+        if c is not None:
+            self._force(c.initial(), self.pos0, out)
+            if c.done and self.completion is None:
+                out += self.end("stop", f"constraint complete ({c.grammar.what})")
+        return out
 
     def step(self, logits: np.ndarray, pos: int, summary=None) -> list[Piece]:
         """Chooses the next token from `logits` (pos: where it would be decoded) and returns the
         pieces to emit now. summary: the Model whose step also summarized these logits for this
-        sampler (see Sampler.summary_inv_t), or None."""
+        sampler (see Sampler.summary_inv_t), or None. With a constraint, the token is chosen
+        among the allowed ones, and the tokens it then forces follow it (tokens[-k:]: all still
+        to be decoded, from pos on)."""
         st = self.stats
-        token = self.sampler.sample(logits, self.recent or (), summary)
-        if not self.tokens:
+        c = self.constraint
+        token = (c.choose(logits, self.sampler, self.recent or (), summary) if c is not None else
+                 self.sampler.sample(logits, self.recent or (), summary))
+        if not self._sampled:
+            self._sampled = True
             st.ttft_s = time.perf_counter() - self.t0
         finish = should_stop(token, len(self.tokens) + 1, self.max_tokens, pos, self.n_ctx, self.eog)
         if finish and finish[0] == "stop":        # end-of-generation token: not emitted
             return self.end("stop", f"{finish[1]} {self.tokenizer.decode([token])!r}")
+        if c is not None and c.done:              # the constraint completes with this token
+            finish = None
         lp = top_logprobs(logits, self.sampler, token, self.logprobs) if self.logprobs is not None else None
+        out: list[Piece] = []
+        if self._emit(token, lp, out) or (finish and self._ended(finish, out)):
+            return out
+        if c is not None and not c.done:
+            self._force(c.forced(), pos + 1, out)
+        if c is not None and c.done and self.completion is None:
+            out += self.end("stop", f"constraint complete ({c.grammar.what})")
+        return out
+
+    def _emit(self, token: int, lp, out: list[Piece]) -> bool:
+        """Appends one chosen or forced token: its text through the stop strings into `out`.
+        True when a stop string ended the generation."""
         self.tokens.append(token)
-        st.generated_tokens = len(self.tokens)
+        self.stats.generated_tokens = len(self.tokens)
         if self.recent is not None:
             self.recent.append(token)
-        if lp is not None:
-            self._lps.append((token, lp[0], lp[1]))
-        out = []
+        if self._lps is not None:
+            self._lps.append((token, lp[0], lp[1]) if lp is not None else (token, None, []))
         text, stop = self.stops.feed(self.detok.feed(token))
         if text or stop is None:
             self._text.append(text)
             out.append(Piece(token, text, *(lp if lp else (None, None))))
         if stop is not None:
             self.finish("stop", f"stop string {stop!r}")
-        elif finish:                               # max_tokens or a full context
-            out += self.end(*finish)
-        return out
+            return True
+        return False
+
+    def _ended(self, finish, out: list[Piece]) -> bool:
+        out += self.end(*finish)
+        return True
+
+    def _force(self, forced: list[int], pos: int, out: list[Piece]) -> None:
+        """Emits the tokens a constraint forced (the first to be decoded at pos), up to max_tokens
+        and the context."""
+        for k, t in enumerate(forced):
+            finish = should_stop(t, len(self.tokens) + 1, self.max_tokens, pos + k + 1, self.n_ctx, frozenset())
+            if self._emit(t, None, out) or (finish and self._ended(finish, out)):
+                return
 
     def end(self, reason: str, detail: str) -> list[Piece]:
         """Ends the generation now: text held back (an incomplete character, a possible stop
@@ -247,5 +298,11 @@ class TokenPolicy:
 
     def finish(self, reason: str, detail: str) -> None:
         if self.completion is None:
+            complete = None
+            c = self.constraint
+            if c is not None:
+                complete = c.accepting and not detail.startswith("stop string")
+                if not complete and reason == "length":
+                    detail += f" (the output is incomplete: the {c.grammar.what} is not finished)"
             self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,
-                                         self._lps)
+                                         self._lps, complete)

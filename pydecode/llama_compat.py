@@ -204,15 +204,15 @@ class Llama:
                                repeat_penalty: float = 1.0, model: str | None = None, logprobs: bool = False,
                                top_logprobs: int | None = None, **ignored) -> dict | Iterator[dict]:
         """An OpenAI chat completion of `messages`, rendered with the model's chat template."""
-        if tools or functions or response_format:
-            raise NotImplementedError("tools, functions and response_format are not supported yet")
+        if tools or functions:
+            raise NotImplementedError("tools and functions are not supported yet")
         llm = self._llm
         ids = llm.chat_tokens(messages)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         n_top = (top_logprobs or 0) if logprobs else None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
-                            draft_tokens=self._draft_tokens, **kw)
+                            draft_tokens=self._draft_tokens, response_format=response_format, **kw)
         if stream:
             return self._stream_chat(handle, oai.head("chat.completion.chunk", model or self.model_path), n_top)
         pieces, c = _drain(handle)

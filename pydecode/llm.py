@@ -49,15 +49,18 @@ class LLM:
         """Token ids -> text."""
         return self.tokenizer.decode(list(tokens), skip_special=skip_special)
 
-    def _generation(self, prompt, max_tokens, stop, logprobs, sampling, on_prefill=None, draft_tokens=None) -> Handle:
+    def _generation(self, prompt, max_tokens, stop, logprobs, sampling, on_prefill=None, draft_tokens=None,
+                    structure=None) -> Handle:
         return self.engine.submit(prompt, max_tokens, stop=stop, logprobs=logprobs, on_prefill=on_prefill,
-                                  draft_tokens=draft_tokens, **sampling)
+                                  draft_tokens=draft_tokens, **(structure or {}), **sampling)
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                seed: int | None = None, stop: str | list[str] | None = None,
-               logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None) -> Handle:
+               logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
+               json_schema=None, regex: str | None = None, grammar: str | None = None,
+               choices: list[str] | None = None, response_format: dict | None = None) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
@@ -66,13 +69,16 @@ class LLM:
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repeat_last_n=repeat_last_n, seed=seed), on_prefill, draft_tokens)
+            repeat_last_n=repeat_last_n, seed=seed), on_prefill, draft_tokens, dict(
+            json_schema=json_schema, regex=regex, grammar=grammar, choices=choices, response_format=response_format))
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | list[str] | None = None,
-                 logprobs: int | None = None, draft_tokens: int | None = None) -> Completion:
+                 logprobs: int | None = None, draft_tokens: int | None = None, json_schema=None,
+                 regex: str | None = None, grammar: str | None = None, choices: list[str] | None = None,
+                 response_format: dict | None = None) -> Completion:
         """Generates a continuation of `prompt` (text or token ids).
 
         temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
@@ -82,11 +88,20 @@ class LLM:
         logprobs=N records each chosen token's log-probability and the N most likely tokens.
         draft_tokens: with a drafter (load's `draft`), the most tokens it may propose per pass
         (0 turns speculative decoding off for this call); the output does not change.
+
+        Structured output (at most one): json_schema= (a dict or JSON string), regex=, grammar=
+        (Lark, or llama.cpp's GBNF), choices=[...] (one of these strings), or response_format= as
+        OpenAI spells it ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name",
+        "schema", "strict"}}) or llama-cpp-python does ({"type": "json_object", "schema": {...}}).
+        The text then always matches it (finish_reason "stop"), unless max_tokens, the context
+        or a stop string cut it off first (then Completion.complete is False). A bad schema,
+        regex or grammar raises ValueError before anything is decoded.
         """
         gen = self.stream(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                           presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
-                          logprobs=logprobs, draft_tokens=draft_tokens)
+                          logprobs=logprobs, draft_tokens=draft_tokens, json_schema=json_schema, regex=regex,
+                          grammar=grammar, choices=choices, response_format=response_format)
         try:
             return gen.result()
         except BaseException:

@@ -555,6 +555,13 @@ class Model:
             self._usable(None, None)
             return lib.pd_model_summary_sample(self._ptr, top_k, top_p, min_p, u)
 
+    def sample_summary_masked(self, top_k: int, top_p: float, min_p: float, u: float, mask) -> int:
+        """sample_summary over the tokens a structured-output bitmask allows (mask: a uint32_t *
+        cdata); -1 when the summary cannot decide it exactly, -2 when the last step made none."""
+        with self._lock:
+            self._usable(None, None)
+            return lib.pd_model_summary_sample_masked(self._ptr, top_k, top_p, min_p, u, mask)
+
     def share_pool(self, other: "Model") -> None:
         """Runs this model's steps on `other`'s threads, under `other`'s lock (a draft model beside
         its target: they take turns, and two pools would spin against each other on the same

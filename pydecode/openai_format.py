@@ -29,6 +29,12 @@ def head(kind: str, model: str) -> dict:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
 
+def forced(logprob):
+    """A token a structured-output grammar forced was never scored by the model: under the
+    constraint it was certain (log-probability 0)."""
+    return 0.0 if logprob is None else logprob
+
+
 def completion_logprobs(tokenizer, pieces, n: int, offset: int = 0) -> dict:
     """/v1/completions' logprobs of `pieces` (their tokens; text offsets counted from `offset`):
     each token's text, offset, log-probability and its n most likely alternatives."""
@@ -39,7 +45,7 @@ def completion_logprobs(tokenizer, pieces, n: int, offset: int = 0) -> dict:
             continue
         out["tokens"].append(tokenizer.decode([p.token]))
         out["text_offset"].append(offset)
-        out["token_logprobs"].append(p.logprob)
+        out["token_logprobs"].append(forced(p.logprob))
         out["top_logprobs"].append({tokenizer.decode([t]): lp for t, lp in (p.top_logprobs or [])[:n]})
         offset += len(p.text)
     return out
@@ -49,7 +55,7 @@ def chat_logprobs(tokenizer, pieces, n: int) -> dict:
     """/v1/chat/completions' logprobs of `pieces`: {"content": [each token's text, bytes,
     log-probability and its n most likely alternatives]}."""
     def entry(t, lp):
-        return {"token": tokenizer.decode([t]), "logprob": lp, "bytes": list(tokenizer.token_bytes(t))}
+        return {"token": tokenizer.decode([t]), "logprob": forced(lp), "bytes": list(tokenizer.token_bytes(t))}
 
     return {"content": [{**entry(p.token, p.logprob),
                          "top_logprobs": [entry(t, lp) for t, lp in (p.top_logprobs or [])[:n]]}

@@ -175,6 +175,26 @@ class Sampler:
             return self.sample(logits, recent, summary)
         return sample(logits, self.params, self, recent)
 
+    def sample_masked(self, logits: np.ndarray, mask, constraint, recent=(), summary=None) -> int:
+        """The next token among those a structured-output bitmask allows (mask: uint32_t * cdata,
+        see constraint.py): the same chain as `sample`, over the allowed tokens only. Greedy is
+        one C pass over the logits and the mask; otherwise the disallowed logits become -inf (in
+        C) before the chain, or the step's summary decides the draw when it can do so exactly."""
+        p = self.params
+        pen = p.penalized and len(recent)
+        if p.temperature == 0 and not pen:
+            x = np.ascontiguousarray(logits, dtype=np.float32)
+            return int(lib.pd_argmax_masked(ffi.cast("float *", x.ctypes.data), self.n_vocab, mask))
+        if self._fast and summary is not None:
+            u = self.uniform()
+            t = summary.sample_summary_masked(self._fast_args[0], self._fast_args[3], self._fast_args[4], u, mask)
+            if t >= 0:
+                return t
+            x = constraint.masked_logits(logits, mask)
+            return int(lib.pd_sample_truncated(ffi.cast("float *", x.ctypes.data), self.n_vocab, *self._fast_args, u))
+        x = apply_penalties(logits, recent, p) if pen else logits
+        return sample(constraint.masked_logits(x, mask), p, self, ())
+
 
 def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=()) -> int:
     """Chooses the next token from one step's logits (see the module docstring for the chain)."""

@@ -66,6 +66,9 @@ def accept_run(policy, rows: np.ndarray, toks: list[int], pos: int) -> tuple[lis
         pieces += policy.step(rows[j], pos + j + 1)
         if policy.completion is not None:
             return pieces, j + 1, False
+        if len(policy.tokens) > n_before + 1:   # a constraint forced tokens after it: the next
+            # pass starts from them, whatever the later rows guessed
+            return pieces, j + 1, j + 1 < len(toks) and policy.tokens[n_before] != toks[j + 1]
         if j + 1 < len(toks) and (len(policy.tokens) == n_before or policy.tokens[-1] != toks[j + 1]):
             return pieces, j + 1, True
     return pieces, len(toks), False
@@ -366,7 +369,8 @@ def add_drafts(items, model, draft, costs: PassCosts):
     each sequence that drafts gets the k its Tuner chooses (0: none), the step staying within
     n_batch, and needs 1 + k rows. draft: "lookup" or a DraftModel. Called outside the engine's
     lock, before the model call."""
-    spec = [i for i, (s, toks, n) in enumerate(items) if n == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
+    spec = [i for i, (s, toks, n) in enumerate(items)
+            if n == 1 and len(toks) == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
     # The first one-token steps run plain: what a pass costs is measured against them.
     if not spec or (len(items) == 1 and costs.seconds(1) is None):
         return items

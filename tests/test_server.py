@@ -318,7 +318,11 @@ def test_bad_completion_parameter_names_it(server, field, value):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: undefined_rule"}, "grammar"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
 ])
 def test_bad_chat_request_names_the_field(server, body, param):
@@ -540,3 +544,31 @@ def test_missing_extra_gives_a_one_line_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     with pytest.raises(ImportError, match=r"pip install 'pydecode\[server\]'"):
         srv.require()
+
+
+# ---------------------------------------------------------------- structured output
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_response_format_json_schema(client):
+    import jsonschema
+    msgs = [{"role": "user", "content": "Reply with JSON only: a person's name and age."}]
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=100, temperature=0, response_format=rf)
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    assert r.choices[0].finish_reason == "stop"
+    parts = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=100, temperature=0,
+                                           response_format=rf, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert text == r.choices[0].message.content
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=100, temperature=0,
+                                       response_format={"type": "json_object"}, logprobs=True)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    assert all(isinstance(t.logprob, float) for t in r.choices[0].logprobs.content)   # forced ones: 0.0
+    r = httpx.post(client.base_url.join("completions").__str__(), json={
+        "model": MODEL, "prompt": "Is water wet? Answer:", "max_tokens": 8, "grammar": 'root ::= " yes" | " no"'},
+        timeout=30).json()
+    assert r["choices"][0]["text"] in (" yes", " no")

@@ -252,3 +252,56 @@ int pd_sample_truncated(const float *x, int n, int top_k, int first, float inv_t
         k = k > n / 8 ? n : k * 8;
     }
 }
+
+/* ---------------- constrained output: a token bitmask over the vocabulary ----------------
+ * mask: bit (i % 32) of word i / 32 set = token i allowed (llguidance's layout, little-endian
+ * words). Structured output (pydecode/constraint.py) applies it here, never in a Python loop. */
+
+static inline int allowed(const uint32_t *mask, int i) { return (mask[i >> 5] >> (i & 31)) & 1u; }
+
+int pd_argmax_masked(const float *x, int n, const uint32_t *mask) {
+    if (!x || !mask || n <= 0) return -1;
+    int best = -1;
+    float bv = -INFINITY;
+    const int words = (n + 31) / 32;
+    for (int w = 0; w < words; w++) {
+        uint32_t bits = mask[w];
+        const int base = w * 32;
+        if (base + 32 > n) bits &= n - base >= 32 ? ~0u : ((1u << (n - base)) - 1u);
+        if (bits == ~0u) {   /* a whole word allowed: a plain max (vectorizes), then its first index */
+            float m = -INFINITY;
+            for (int j = 0; j < 32; j++) m = x[base + j] > m ? x[base + j] : m;
+            if (m > bv || (best < 0 && m == bv)) {
+                for (int j = 0; j < 32; j++)
+                    if (x[base + j] == m) { bv = m; best = base + j; break; }
+            }
+            continue;
+        }
+        while (bits) {       /* the first index of the maximum wins, as numpy's argmax */
+            const int j = __builtin_ctz(bits);
+            bits &= bits - 1;
+            const float v = x[base + j];
+            if (v > bv || (best < 0 && !(v < bv))) { bv = v; best = base + j; }
+        }
+    }
+    return best;
+}
+
+int pd_apply_mask(float *dst, const float *x, int n, const uint32_t *mask) {
+    if (!dst || !x || !mask || n <= 0) return -1;
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        const int a = allowed(mask, i);
+        dst[i] = a ? x[i] : -INFINITY;
+        count += a;
+    }
+    return count;
+}
+
+int pd_mask_count(const uint32_t *mask, int n) {
+    if (!mask || n <= 0) return 0;
+    int count = 0;
+    for (int w = 0; w < n / 32; w++) count += __builtin_popcount(mask[w]);
+    if (n % 32) count += __builtin_popcount(mask[n / 32] & ((1u << (n % 32)) - 1u));
+    return count;
+}

@@ -70,9 +70,11 @@ static void radix_sort64(uint64_t *a, uint64_t *tmp, int n) {
 }
 
 int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
-                   int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01) {
+                   int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01,
+                   const uint32_t *mask) {
     const int bounded = top_k > 0 && top_k < n_vocab;
     if (!lists || n_lists < 1 || n_vocab < 1 || (bounded && top_k > PD_SUMM_K)) return -1;
+    if (mask && !bounded) return -1;          /* the chunk sums count disallowed tokens too */
     int total = 0;
     for (int t = 0; t < n_lists; t++) total += lists[t].n;
     if (total < 1) return -1;
@@ -84,6 +86,19 @@ int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, co
     for (int t = 0; t < n_lists; t++)
         for (int i = 0; i < lists[t].n; i++) key[n++] = rank_key(lists[t].val[i], lists[t].id[i]);
     radix_sort64(key, key + total, n);
+    if (mask) {   /* structured output: the best top_k allowed candidates, when they are exact */
+        float thr = -INFINITY;
+        for (int t = 0; t < n_lists; t++) thr = lists[t].thr > thr ? lists[t].thr : thr;
+        int kept = 0;
+        for (int i = 0; i < n && kept < top_k; i++) {
+            const uint32_t id = (uint32_t)(key[i] & 0xffffffffu);
+            if ((mask[id >> 5] >> (id & 31)) & 1u) key[kept++] = key[i];
+        }
+        /* A token no list holds ranks at or below its list's threshold: the k-th allowed
+         * candidate must beat every threshold, or an allowed token outside the lists may be better. */
+        if (kept < top_k || !(fkey_inv(~(uint32_t)(key[kept - 1] >> 32)) > thr)) goto done;
+        n = kept;
+    }
     /* As pd_sample_truncated: k = top_k (bounded) or a first list of PD_SUMM_K candidates. Every
      * list holds its thread's best PD_SUMM_K (and more), so the merged best k are exact. */
     const int k = bounded ? top_k : (PD_SUMM_K < n_vocab ? PD_SUMM_K : n_vocab);
@@ -129,5 +144,13 @@ int pd_model_set_summary(pd_model *m, float inv_t) {
 int pd_model_summary_sample(pd_model *m, int top_k, double top_p, double min_p, double u01) {
     if (!m || !m->summ_ready) return -2;
     return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
-                          top_k, m->summ_inv_t, top_p, min_p, u01);
+                          top_k, m->summ_inv_t, top_p, min_p, u01, NULL);
+}
+
+int pd_model_summary_sample_masked(pd_model *m, int top_k, double top_p, double min_p, double u01,
+                                   const uint32_t *mask) {
+    if (!m || !m->summ_ready) return -2;
+    if (!mask) return -1;
+    return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
+                          top_k, m->summ_inv_t, top_p, min_p, u01, mask);
 }

@@ -34,7 +34,9 @@ void pd_summ_fold(const pd_kernels *K, pd_summ_list *l, const float *x, int r0, 
                   double *csum);
 /* The sampler's truncated draw (as pd_sample_truncated) from n_lists folded lists and n_chunks
  * chunk stats: the token id, or -1 when the summary cannot decide it (top_k above PD_SUMM_K, or
- * top-p / min-p needing more candidates than it holds): the caller then takes the full path. */
+ * top-p / min-p needing more candidates than it holds): the caller then takes the full path.
+ * mask (NULL: none): only those tokens may be drawn (structured output's bitmask; bounded top_k only). */
 int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
-                   int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01);
+                   int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01,
+                   const uint32_t *mask);
 #endif

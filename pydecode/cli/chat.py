@@ -151,6 +151,7 @@ def _repl(session: ChatSession, llm, verbose: bool, banner: str) -> int:
 @click.option("-n", "--max-tokens", "--n-predict", "max_tokens", type=click.IntRange(min=1), default=512,
               show_default=True, help="Max tokens per answer.")
 @common.sampling_options
+@common.structure_options
 @click.option("-v", "--verbose", is_flag=True, help="Print tokens/s and time to first token after each answer.")
 @common.threads_opt
 @common.ctx_opt
@@ -187,6 +188,7 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
         flags_given = any(kw.get(k) is not None for k in common.SAMPLING)
         sampling = common.resolve_sampling(kw, defaults)
         SamplingParams(**sampling)                 # a bad value fails before the first question
+        sampling.update(common.resolve_structure(kw, llm))   # so does a bad schema: every answer follows it
         session = ChatSession(llm, system=system, max_tokens=max_tokens, sampling=sampling,
                               notice=lambda msg: click.echo(msg, err=True), consume=common.consume)
     except (PydecodeError, ValueError, OSError) as e:

@@ -81,6 +81,49 @@ def sampling_options(f):
     return f
 
 
+def structure_options(f):
+    """Structured output flags of `run` and `chat` (pydecode/constraint.py): at most one."""
+    opts = [
+        click.option("--json-schema", default=None, metavar="FILE|JSON",
+                     help="Answer with JSON valid under this JSON Schema (a file, or the schema itself)."),
+        click.option("--regex", default=None, help="Answer with text matching this regular expression."),
+        click.option("--grammar", "grammar_file", default=None, metavar="FILE",
+                     help="Answer with text this grammar accepts (a Lark or llama.cpp GBNF file)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def resolve_structure(kw: dict, llm) -> dict:
+    """Pops the structured-output flags out of kw: the keyword arguments for LLM.stream, checked
+    against the model's vocabulary now (a bad schema fails before anything is decoded)."""
+    from ..constraint import compile_grammar, grammar_of
+    schema, regex, gfile = kw.pop("json_schema", None), kw.pop("regex", None), kw.pop("grammar_file", None)
+    out = {}
+    if schema is not None:
+        if os.path.isfile(schema) or not schema.lstrip().startswith(("{", "[", "true", "false")):
+            try:
+                with open(schema, encoding="utf-8") as fh:
+                    schema = fh.read()
+            except OSError as e:
+                raise ValueError(f"--json-schema {schema!r}: not a JSON Schema and not a readable file "
+                                 f"({e.strerror})") from None
+        out["json_schema"] = schema
+    if regex is not None:
+        out["regex"] = regex
+    if gfile is not None:
+        try:
+            with open(gfile, encoding="utf-8") as fh:
+                out["grammar"] = fh.read()
+        except OSError as e:
+            raise ValueError(f"--grammar {gfile!r}: cannot read it ({e.strerror})") from None
+    g = grammar_of(**out)
+    if g is not None:
+        compile_grammar(llm.tokenizer, g)
+    return out
+
+
 def resolve_sampling(kw: dict, defaults: dict) -> dict:
     """Pops the sampler flags out of kw: those given on the command line, else `defaults`."""
     given = {k: kw.pop(k) for k in SAMPLING}

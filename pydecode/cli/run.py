@@ -34,6 +34,7 @@ def stats_dict(c) -> dict:
 @click.option("-n", "--max-tokens", "--n-predict", "max_tokens", type=click.IntRange(min=1), default=128,
               show_default=True, help="Tokens to generate.")
 @common.sampling_options
+@common.structure_options
 @click.option("--stop", multiple=True, help="Stop at this text (not printed). Repeatable.")
 @click.option("--chat", "as_chat", is_flag=True,
               help="Wrap the prompt in the model's chat template, as a user message.")
@@ -64,6 +65,7 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
         path = common.resolve_model(name)
         llm = common.load_llm(path, n_ctx, threads, isa, draft=draft, kv_type=kv_type)
         common.restore_prompt_cache(llm, prompt_cache)
+        sampling.update(common.resolve_structure(kw, llm))
         if as_chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                        [{"role": "user", "content": prompt}]
@@ -79,6 +81,7 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
     if as_json:
         out = {"model": llm.model.path.name, "text": c.text, "tokens": list(c.tokens),
                "finish_reason": c.finish_reason, "stop_detail": c.stop_detail,
+               **({"complete": c.complete} if c.complete is not None else {}),
                "stats": stats_dict(c), "threads": llm.model.n_threads, "isa": llm.model.isa}
         common.stdout_write(json.dumps(out, ensure_ascii=False) + "\n")
     else:

@@ -66,12 +66,13 @@ def check_model(state: ServerState, body: dict) -> None:
 
 
 # The request fields an Engine.submit ValueError may name: the sampler's and the policy's.
-FIELDS = set(SamplingParams.__dataclass_fields__) | {"max_tokens", "stop", "logprobs", "ignore_eos"}
+FIELDS = set(SamplingParams.__dataclass_fields__) | {"max_tokens", "stop", "logprobs", "ignore_eos",
+                                                     "response_format", "json_schema", "grammar"}
 
 
 def _param_of(e: ValueError) -> str | None:
     """The request field an API ValueError names (its messages start with it: 'top_p must ...')."""
-    word = str(e).split(" ", 1)[0]
+    word = str(e).split(" ", 1)[0].split(".", 1)[0]   # "response_format.type must ..." too
     return word if word in FIELDS else None
 
 
@@ -83,7 +84,8 @@ def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generati
             max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
             for i in range(g.n):
                 handles.append(llm.engine.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
-                                                 ignore_eos=g.ignore_eos, **{**g.sampling, "seed": g.seed(i)}))
+                                                 ignore_eos=g.ignore_eos, **g.structure,
+                                                 **{**g.sampling, "seed": g.seed(i)}))
     except BaseException as e:
         _cancel(handles)
         err = _refusal(e, what)

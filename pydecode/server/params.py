@@ -4,7 +4,7 @@ before anything is queued.
 
 Fields that change nothing here (user, metadata, store, service_tier, ...) are accepted and
 ignored, as OpenAI-compatible servers do; fields that would change the output but are not
-supported (tools, logit_bias, response_format other than text, suffix, best_of > n) are refused,
+supported (tools, logit_bias, suffix, best_of > n) are refused,
 never silently dropped.
 """
 from __future__ import annotations
@@ -100,6 +100,7 @@ class Generation:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    structure: dict                # LLM.stream's structured-output keywords (response_format, ...)
 
     def seed(self, i: int) -> int | None:
         """Choice i's seed: the request's + i, so that n choices differ and each is reproducible."""
@@ -117,9 +118,14 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Genera
         raise bad("tool_choice", "tool calling is not supported by this server", "unsupported")
     if body.get("logit_bias"):
         raise bad("logit_bias", "is not supported by this server", "unsupported")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad("response_format", "only {\"type\": \"text\"} is supported by this server", "unsupported")
+    # Structured output: OpenAI's response_format, or llama.cpp server's json_schema / grammar
+    # fields; checked against the vocabulary when queued (constraint.py), a bad one a 400.
+    structure = {k: body[k] for k in ("response_format", "json_schema", "grammar") if body.get(k) is not None}
+    if len(structure) > 1:
+        raise bad(sorted(structure)[1], f"give one of response_format, json_schema and grammar, not "
+                  f"{' and '.join(sorted(structure))}")
+    if "grammar" in structure and not isinstance(structure["grammar"], str):
+        raise bad("grammar", f"must be a string (Lark or GBNF), got {structure['grammar']!r}")
 
     max_tokens = _int(body, "max_tokens", default_max_tokens, lo=1)
     if chat:
@@ -175,7 +181,7 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Genera
         raise bad("stream_options", f"must be an object, got {opts!r}")
     include_usage = _bool(opts or {}, "include_usage")
     return Generation(max_tokens, sampling, stop, logprobs, n, stream, include_usage,
-                      _bool(body, "ignore_eos"))
+                      _bool(body, "ignore_eos"), structure)
 
 
 def prompts(body: dict, n_vocab: int) -> list[str | list[int]]:

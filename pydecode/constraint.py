@@ -1,0 +1,367 @@
+"""Structured output: a generation held to a JSON Schema, a regex, a grammar or a list of choices.
+
+A constraint is a mask over the vocabulary at each step: the tokens that keep the output a
+prefix of something the grammar accepts. Computing it is llguidance's job (a well-kept library:
+JSON Schema, regex, Lark and GBNF grammars, forced-token runs); ours is to feed it our own
+vocabulary, keep its cost off the critical path, and apply its mask in C:
+
+- `grammar_of(...)` turns the user's arguments (json_schema=, regex=, grammar=, choices=,
+  response_format= as OpenAI and llama-cpp-python spell it) into one llguidance grammar, and
+  `compile_grammar` checks it against the model's tokenizer: a bad one is a ValueError naming
+  the problem, raised before any decoding.
+- `llg_tokenizer(tokenizer)` builds llguidance's tokenizer from the GGUF vocabulary (byte-level
+  BPE and SentencePiece alike: every token's raw bytes, special tokens marked), once per
+  Tokenizer.
+- `Constraint` is one generation's matcher. `choose` picks the next token under the mask:
+  greedy tries the unconstrained best token first (checking one token costs ~5 us, a mask
+  ~150 us on a 152k vocabulary) and computes the mask only when that token is not allowed;
+  sampling needs the mask every step, so it is computed on a worker thread while the model runs
+  the step (llguidance releases the GIL, as the C core does). `forced` returns the tokens the
+  grammar leaves no choice about (the fixed parts of a schema); the Engine runs them through
+  the model in one batch pass, unsampled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import _core
+from .tokenizer.common import CONTROL, UNKNOWN
+
+ffi, lib = _core.ffi, _core.lib
+log = logging.getLogger("pydecode")
+
+# JSON from a schema is compact by default ({"a":1,"b":[2,3]}): the separators then are forced
+# tokens, outputs are shorter, and a small model cannot wander off into whitespace. A schema's
+# own "x-guidance" options (llguidance's) override this, e.g. {"whitespace_flexible": true}.
+JSON_DEFAULTS = {"whitespace_flexible": False}
+
+_llg = None
+
+
+def _llguidance():
+    """The llguidance module (imported on first use: unconstrained generation never pays for it)."""
+    global _llg
+    if _llg is None:
+        try:
+            import llguidance
+        except ImportError as e:   # a dependency of the package: only a broken install lacks it
+            raise ImportError("structured output needs the llguidance package (pip install llguidance)") from e
+        _llg = llguidance
+    return _llg
+
+
+class Grammar:
+    """A checked llguidance grammar: `text` (its JSON form) and `what` (for messages and logs)."""
+
+    def __init__(self, text: str, what: str):
+        self.text, self.what = text, what
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.what})"
+
+
+def _schema_text(schema, name: str) -> str:
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ValueError(f"{name} must be a JSON Schema (a dict or a JSON string of an object), "
+                         f"got {type(schema).__name__}")
+    try:
+        return json.dumps(schema)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} cannot be written as JSON: {e}") from None
+
+
+def _json_grammar(schema, name: str) -> Grammar:
+    llg = _llguidance()
+    text = _schema_text(schema, name)
+    try:
+        g = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    return Grammar(g, name)
+
+
+def _response_format(rf) -> Grammar | None:
+    """OpenAI's response_format ({"type": "text" | "json_object" | "json_schema"}), and
+    llama-cpp-python's {"type": "json_object", "schema": {...}}."""
+    if rf is None:
+        return None
+    if hasattr(rf, "model_dump"):   # a pydantic model of it (the openai package's types)
+        rf = rf.model_dump(exclude_none=True)
+    if not isinstance(rf, dict):
+        raise ValueError(f"response_format must be an object such as {{\"type\": \"json_object\"}}, got {rf!r}")
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.get("schema")
+        return _json_grammar({"type": "object"} if schema is None else schema,
+                             "response_format (json_object with a schema)" if schema is not None
+                             else "response_format (json_object)")
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise ValueError("response_format of type json_schema needs a json_schema object "
+                             "({\"name\": ..., \"schema\": {...}, \"strict\": true})")
+        schema = js.get("schema")
+        if schema is None:
+            raise ValueError("response_format.json_schema has no schema")
+        return _json_grammar(schema, f"response_format (json_schema {js.get('name', '')!s})".replace(" )", ")"))
+    raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def grammar_of(json_schema=None, regex=None, grammar=None, choices=None, response_format=None) -> Grammar | None:
+    """The one grammar the arguments ask for (None: unconstrained). At most one of them may be
+    given. grammar: Lark (llguidance's dialect), or GBNF (llama.cpp's; recognized by its `::=`)."""
+    given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar),
+                            ("choices", choices), ("response_format", response_format)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of json_schema, regex, grammar, choices and response_format "
+                         f"(got {', '.join(given)})")
+    if not given:
+        return None
+    llg = _llguidance()
+    if json_schema is not None:
+        return _json_grammar(json_schema, "json_schema")
+    if regex is not None:
+        if not isinstance(regex, str) or not regex:
+            raise ValueError(f"regex must be a non-empty string, got {regex!r}")
+        return Grammar(llg.LLMatcher.grammar_from_regex(regex), f"regex {regex!r}")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise ValueError(f"grammar must be a non-empty string (Lark or GBNF), got {grammar!r}")
+        if "::=" in grammar:
+            try:
+                return Grammar(llg.grammar_from("gbnf", grammar), "grammar (GBNF)")
+            except Exception as e:
+                raise ValueError(f"grammar (GBNF): {e}") from None
+        return Grammar(llg.LLMatcher.grammar_from_lark(grammar), "grammar (Lark)")
+    if choices is not None:
+        if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not choices:
+            raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
+        for c in choices:
+            if not isinstance(c, str) or not c:
+                raise ValueError(f"choices must be non-empty strings, got {c!r}")
+        lark = "start: " + " | ".join(json.dumps(c) for c in choices)
+        return Grammar(llg.LLMatcher.grammar_from_lark(lark), f"choices {list(choices)!r}")
+    return _response_format(response_format)
+
+
+def compile_grammar(tokenizer, g: Grammar) -> Grammar:
+    """Checks g against the model's tokenizer: ValueError naming the problem (a schema keyword
+    llguidance does not support, a regex or grammar that does not parse), before any decoding."""
+    llg = _llguidance()
+    is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(g.text, llg_tokenizer(tokenizer))
+    if is_error:
+        raise ValueError(f"{g.what} is invalid: {msgs[0] if msgs else 'rejected by llguidance'}")
+    for m in msgs:
+        log.warning("%s: %s", g.what, m)
+    return g
+
+
+# ---------------------------------------------------------------- the vocabulary, for llguidance
+
+_build_lock = threading.Lock()
+
+
+class _Vocabulary:
+    """What llguidance's TokenizerWrapper reads: every token's raw bytes (special tokens marked by
+    a leading 0xFF, llguidance's convention, so grammar text never matches them), the end ids, and
+    a tokenize function (it tokenizes forced text with it). Our encode is llama.cpp's."""
+
+    def __init__(self, tokenizer):
+        tok = self.tokenizer = tokenizer
+        types = tok._types
+        special = [i for i in range(tok.vocab_size) if types[i] in (CONTROL, UNKNOWN)]
+        tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        for i in special:
+            tokens[i] = b"\xff" + tokens[i]
+        self.tokens, self.special_token_ids = tokens, special
+        self.eos_token_id = tok.eos_id if tok.eos_id is not None else (min(tok.eog_ids) if tok.eog_ids else 0)
+        self.bos_token_id = tok.bos_id
+        self.greedy = None   # llguidance's own greedy tokenizer, once built
+
+    def __call__(self, data) -> list[int]:
+        text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+        ids = self.tokenizer.encode(text, add_special=False, parse_special=False)
+        raw = data if isinstance(data, (bytes, bytearray)) else text.encode()
+        if b"".join(self.tokens[i] for i in ids) != raw and self.greedy is not None:
+            # (a SentencePiece space prefix, or bytes that are not whole characters)
+            return self.greedy.greedy_tokenize(raw.decode("utf-8", "surrogateescape"))
+        return ids
+
+
+def llg_tokenizer(tokenizer):
+    """llguidance's tokenizer for a model's vocabulary, built once per Tokenizer (0.1-1 s, from
+    49k to 262k tokens) and kept on it."""
+    got = getattr(tokenizer, "_llg_tokenizer", None)
+    if got is not None:
+        return got
+    with _build_lock:
+        got = getattr(tokenizer, "_llg_tokenizer", None)
+        if got is None:
+            llg = _llguidance()
+            t0 = time.perf_counter()
+            vocab = _Vocabulary(tokenizer)
+            eos = sorted(tokenizer.eog_ids) or [vocab.eos_token_id]
+            got = llg.LLTokenizer(llg.TokenizerWrapper(vocab), n_vocab=tokenizer.vocab_size, eos_token=eos)
+            vocab.greedy = got
+            tokenizer._llg_tokenizer = got
+            log.info("structured output: llguidance's tokenizer for %d tokens built in %.2f s",
+                     tokenizer.vocab_size, time.perf_counter() - t0)
+    return got
+
+
+# ---------------------------------------------------------------- one generation's matcher
+
+_worker: ThreadPoolExecutor | None = None
+
+
+def _mask_worker() -> ThreadPoolExecutor:
+    """The thread that computes sampled generations' masks while the model runs a step."""
+    global _worker
+    if _worker is None:
+        with _build_lock:
+            if _worker is None:
+                _worker = ThreadPoolExecutor(1, thread_name_prefix="pydecode-mask")
+    return _worker
+
+
+class ConstraintError(RuntimeError):
+    """The grammar's matcher failed during a generation (a resource limit of llguidance's)."""
+
+
+class Constraint:
+    """One generation's llguidance matcher over the model's vocabulary (see the module docstring).
+    greedy: the sampler is greedy (the mask is computed only when the best token is not allowed);
+    fast_forward: tokens the grammar forces are returned by `forced` (else the model picks them
+    under the mask, one step each)."""
+
+    def __init__(self, tokenizer, n_vocab: int, grammar: Grammar, greedy: bool, fast_forward: bool = True):
+        llg = _llguidance()
+        self.grammar, self.greedy, self.fast_forward, self.n_vocab = grammar, greedy, fast_forward, n_vocab
+        self.matcher = llg.LLMatcher(llg_tokenizer(tokenizer), grammar.text, log_level=0)
+        self._raise_if_error()
+        self.words = np.zeros((n_vocab + 31) // 32, np.int32)
+        self._wptr = ffi.cast("uint32_t *", self.words.ctypes.data)
+        self._scratch = None
+        self._pending = None                 # the worker's mask computation for the next step
+        self.mask_s = 0.0                    # seconds spent computing masks (on any thread)
+        self.masks = 0                       # masks computed
+        self.wait_s = 0.0                    # seconds the generation waited for one
+        self.forced_tokens = 0               # tokens the grammar forced (not sampled)
+        if not greedy:
+            self._start_mask()
+
+    def _raise_if_error(self) -> None:
+        if self.matcher.is_error():
+            raise ConstraintError(f"{self.grammar.what}: {self.matcher.get_error()}")
+
+    # ---- the mask ----
+
+    def _fill(self) -> None:
+        t0 = time.perf_counter()
+        self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
+        self.mask_s += time.perf_counter() - t0
+        self.masks += 1
+
+    def _start_mask(self) -> None:
+        if not self.matcher.is_stopped():
+            self._pending = _mask_worker().submit(self._fill)
+
+    def _mask(self):
+        """The mask of the current state (waits for the worker's, or computes it here)."""
+        if self._pending is not None:
+            t0 = time.perf_counter()
+            fut, self._pending = self._pending, None
+            fut.result()
+            self.wait_s += time.perf_counter() - t0
+        else:
+            self._fill()
+        self._raise_if_error()
+        return self._wptr
+
+    def wait(self) -> None:
+        """Lets a pending mask computation finish (before the matcher is used or dropped)."""
+        if self._pending is not None:
+            fut, self._pending = self._pending, None
+            fut.result()
+
+    # ---- a step ----
+
+    def choose(self, logits: np.ndarray, sampler, recent=(), summary=None) -> int:
+        """The next token under the constraint, consumed by the matcher. Penalties, temperature,
+        top-k / top-p / min-p apply to the allowed tokens only."""
+        if self.greedy:
+            t = sampler.sample(logits, recent)   # the best token: allowed more often than not
+            if 0 <= t < self.n_vocab and self.matcher.try_consume_tokens([t]) == 1:
+                return t
+            self._raise_if_error()
+        mask = self._mask()
+        t = sampler.sample_masked(logits, mask, self, recent, summary)
+        if t < 0:
+            raise ConstraintError(f"{self.grammar.what}: no token is allowed here (the grammar is at a dead end)")
+        if not self.matcher.consume_token(t):
+            self._raise_if_error()
+            raise ConstraintError(f"{self.grammar.what}: token {t} was refused after the mask allowed it")
+        return t
+
+    def masked_logits(self, logits: np.ndarray, mask) -> np.ndarray:
+        """A copy of logits with every token the mask refuses at -inf (in C)."""
+        if self._scratch is None:
+            self._scratch = np.empty(self.n_vocab, np.float32)
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        lib.pd_apply_mask(ffi.cast("float *", self._scratch.ctypes.data), ffi.cast("float *", x.ctypes.data),
+                          self.n_vocab, mask)
+        return self._scratch
+
+    def forced(self) -> list[int]:
+        """After `choose`: the tokens the grammar now forces (consumed; [] when none, or without
+        fast_forward). Then the next mask starts computing (sampling), overlapping the model's step."""
+        ff = []
+        if self.fast_forward and not self.matcher.is_stopped():
+            ff = self.matcher.compute_ff_tokens()
+            if ff and not self.matcher.consume_tokens(ff):
+                self._raise_if_error()
+                raise ConstraintError(f"{self.grammar.what}: the forced tokens {ff} were refused")
+            self.forced_tokens += len(ff)
+        if not self.greedy:
+            self._start_mask()
+        return ff
+
+    def initial(self) -> list[int]:
+        """The tokens forced before anything is sampled (the schema's opening `{"name":`): they are
+        prefilled with the prompt."""
+        if not self.fast_forward:
+            return []
+        self.wait()
+        ff = self.matcher.compute_ff_tokens()
+        if ff:
+            if not self.matcher.consume_tokens(ff):
+                self._raise_if_error()
+            self.forced_tokens += len(ff)
+            if not self.greedy:
+                self._start_mask()
+        return ff
+
+    @property
+    def done(self) -> bool:
+        """The grammar allows nothing more: the output is complete."""
+        return self.matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """What was consumed so far is a complete output."""
+        return self.matcher.is_accepting()
