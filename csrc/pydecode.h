@@ -198,6 +198,10 @@ int pd_sample_truncated(const float *x, int n, int top_k, int first, float inv_t
 int pd_argmax_masked(const float *x, int n, const uint32_t *mask);
 int pd_apply_mask(float *dst, const float *x, int n, const uint32_t *mask);
 int pd_mask_count(const uint32_t *mask, int n);
+/* pd_sample_truncated over the allowed tokens alone, gathered first (ids ascending): when a mask
+ * allows few, this reads them instead of the vocabulary. Returns the token id. */
+int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, int first, float inv_t,
+                      double top_p, double min_p, double u01);
 /* The truncated draw of pd_model_summary_sample over the allowed tokens only, when the summary
  * decides it exactly (top_k <= PD_SUMM_K and at least top_k allowed candidates above every
  * list's threshold); -1: sample the masked logits instead, -2: no summary. */

@@ -262,6 +262,9 @@ class Constraint:
         self.masks = 0                       # masks computed
         self.wait_s = 0.0                    # seconds the generation waited for one
         self.forced_tokens = 0               # tokens the grammar forced (not sampled)
+        self.cost_s = 0.0                    # seconds the generation spent on the constraint (this
+                                             # thread: checks, waits, masked draws, forced runs; not
+                                             # the plain draw every generation makes)
         if not greedy:
             self._start_mask()
 
@@ -290,8 +293,7 @@ class Constraint:
             self.wait_s += time.perf_counter() - t0
         else:
             self._fill()
-        self._raise_if_error()
-        return self._wptr
+        return self._wptr   # (a matcher in error allows nothing: choose raises, naming it)
 
     def wait(self) -> None:
         """Lets a pending mask computation finish (before the matcher is used or dropped)."""
@@ -304,15 +306,25 @@ class Constraint:
     def choose(self, logits: np.ndarray, sampler, recent=(), summary=None) -> int:
         """The next token under the constraint, consumed by the matcher. Penalties, temperature,
         top-k / top-p / min-p apply to the allowed tokens only."""
+        t0 = time.perf_counter()
+        try:
+            return self._choose(logits, sampler, recent, summary)
+        finally:
+            self.cost_s += time.perf_counter() - t0
+
+    def _choose(self, logits, sampler, recent, summary) -> int:
         if self.greedy:
+            t0 = time.perf_counter()
             t = sampler.sample(logits, recent)   # the best token: allowed more often than not
+            self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)
             if 0 <= t < self.n_vocab and self.matcher.try_consume_tokens([t]) == 1:
                 return t
             self._raise_if_error()
         mask = self._mask()
-        t = sampler.sample_masked(logits, mask, self, recent, summary)
-        if t < 0:
+        if lib.pd_mask_count(mask, self.n_vocab) == 0:
+            self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: no token is allowed here (the grammar is at a dead end)")
+        t = sampler.sample_masked(logits, mask, self, recent, summary)
         if not self.matcher.consume_token(t):
             self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: token {t} was refused after the mask allowed it")
@@ -330,6 +342,7 @@ class Constraint:
     def forced(self) -> list[int]:
         """After `choose`: the tokens the grammar now forces (consumed; [] when none, or without
         fast_forward). Then the next mask starts computing (sampling), overlapping the model's step."""
+        t0 = time.perf_counter()
         ff = []
         if self.fast_forward and not self.matcher.is_stopped():
             ff = self.matcher.compute_ff_tokens()
@@ -339,6 +352,7 @@ class Constraint:
             self.forced_tokens += len(ff)
         if not self.greedy:
             self._start_mask()
+        self.cost_s += time.perf_counter() - t0
         return ff
 
     def initial(self) -> list[int]:

@@ -37,6 +37,14 @@ class Stats:
     decode_passes: int = 0           # model passes after the first token (plain or verifying drafts)
     draft_tokens: int = 0            # tokens a drafter proposed (speculative decoding)
     accepted_tokens: int = 0         # of those, the ones the model agreed with
+    # structured output (pydecode/constraint.py)
+    constraint_s: float = 0.0        # time the generation spent on its constraint (checks, waits
+                                     # for masks, masked draws, forced runs), beyond a plain draw
+    masks: int = 0                   # vocabulary masks computed (greedy computes one only when
+                                     # the best token is not allowed)
+    mask_s: float = 0.0              # their compute time, on any thread (sampling: a worker's, while
+                                     # the model runs the step)
+    forced_tokens: int = 0           # tokens the constraint forced: run through the model, not sampled
 
     @property
     def acceptance_rate(self) -> float:
@@ -301,6 +309,8 @@ class TokenPolicy:
             complete = None
             c = self.constraint
             if c is not None:
+                st = self.stats
+                st.constraint_s, st.masks, st.mask_s, st.forced_tokens = c.cost_s, c.masks, c.mask_s, c.forced_tokens
                 complete = c.accepting and not detail.startswith("stop string")
                 if not complete and reason == "length":
                     detail += f" (the output is incomplete: the {c.grammar.what} is not finished)"

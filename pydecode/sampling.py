@@ -185,13 +185,21 @@ class Sampler:
         if p.temperature == 0 and not pen:
             x = np.ascontiguousarray(logits, dtype=np.float32)
             return int(lib.pd_argmax_masked(ffi.cast("float *", x.ctypes.data), self.n_vocab, mask))
-        if self._fast and summary is not None:
+        if self._fast:
             u = self.uniform()
-            t = summary.sample_summary_masked(self._fast_args[0], self._fast_args[3], self._fast_args[4], u, mask)
-            if t >= 0:
-                return t
-            x = constraint.masked_logits(logits, mask)
-            return int(lib.pd_sample_truncated(ffi.cast("float *", x.ctypes.data), self.n_vocab, *self._fast_args, u))
+            if summary is not None:
+                t = summary.sample_summary_masked(self._fast_args[0], self._fast_args[3], self._fast_args[4], u, mask)
+                if t >= 0:
+                    return t
+            x = np.ascontiguousarray(logits, dtype=np.float32)
+            if lib.pd_mask_count(mask, self.n_vocab) <= self.n_vocab // 8:   # few allowed: read only them
+                t = lib.pd_sample_allowed(ffi.cast("float *", x.ctypes.data), self.n_vocab, mask, *self._fast_args, u)
+            else:
+                x = constraint.masked_logits(x, mask)
+                t = lib.pd_sample_truncated(ffi.cast("float *", x.ctypes.data), self.n_vocab, *self._fast_args, u)
+            if t < 0:
+                raise MemoryError("sampling scratch memory could not be allocated")
+            return int(t)
         x = apply_penalties(logits, recent, p) if pen else logits
         return sample(constraint.masked_logits(x, mask), p, self, ())
 

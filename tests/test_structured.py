@@ -317,3 +317,15 @@ def test_llama_cpp_python_response_format(smollm_path):
         jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
     finally:
         llm.close()
+
+
+def test_speculative_decoding_keeps_the_constraint_and_the_tokens(smollm_path, smol):
+    with pydecode.load(smollm_path, n_ctx=1024, n_threads=2, draft="lookup") as spec:
+        for what, schema in SCHEMAS[:10]:
+            want = smol.chat(_ask(smol, what), 200, json_schema=schema)
+            got = spec.chat(_ask(spec, what), 200, json_schema=schema)
+            assert got.tokens == want.tokens, (what, want.text, got.text)
+        rx = r"[0-9]{1,3}(, [0-9]{1,3}){3,12}"   # repetitive text: the lookup drafts pay here
+        want = smol.generate("1, 2, 3, 1, 2, 3, 1, 2, 3,", 60, regex=rx)
+        got = spec.generate("1, 2, 3, 1, 2, 3, 1, 2, 3,", 60, regex=rx)
+        assert got.tokens == want.tokens and re.fullmatch(rx, got.text)

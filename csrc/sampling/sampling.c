@@ -305,3 +305,28 @@ int pd_mask_count(const uint32_t *mask, int n) {
     if (n % 32) count += __builtin_popcount(mask[n / 32] & ((1u << (n % 32)) - 1u));
     return count;
 }
+
+static _Thread_local scratch s_allowed_id, s_allowed_val;
+
+int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, int first, float inv_t,
+                      double top_p, double min_p, double u01) {
+    if (!x || !mask || n <= 0) return -1;
+    const int c = pd_mask_count(mask, n);
+    if (c <= 0) return -1;
+    int32_t *ids = scratch_get(&s_allowed_id, (size_t)c * sizeof *ids);
+    float *vals = scratch_get(&s_allowed_val, (size_t)c * sizeof *vals);
+    if (!ids || !vals) return -1;
+    int m = 0;
+    for (int w = 0; w < (n + 31) / 32; w++) {   /* ids ascending: top-k's ties keep the lower id */
+        uint32_t bits = mask[w];
+        while (bits) {
+            const int i = w * 32 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (i >= n) break;
+            ids[m] = i;
+            vals[m++] = x[i];
+        }
+    }
+    const int j = pd_sample_truncated(vals, m, top_k > 0 && top_k < m ? top_k : 0, first, inv_t, top_p, min_p, u01);
+    return j >= 0 ? ids[j] : j;
+}
