@@ -840,11 +840,17 @@ def test_kquant_model_repacks_and_releases_the_file_pages(gemma_path):
     (different kernels: within float tolerance; the same greedy token)."""
     import pydecode
 
-    def mapped_rss(path):
+    def mapped_rss(m):
+        """Resident bytes of this model's own mapping of the file. (Other models alive in the test
+        process, fixtures of earlier tests, may map the same file: their pages are not this one's.)"""
+        start = m.gguf.data.ctypes.data
+        end = start + len(m.gguf.data)
         rss, inside = 0, False
         for line in open("/proc/self/smaps"):
-            if line[:1] in "0123456789abcdef" and " " in line and "-" in line.split()[0]:
-                inside = line.rstrip().endswith(str(path))
+            head = line.split(None, 1)[0] if line.strip() else ""
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo < end and start < hi
             elif inside and line.startswith("Rss:"):
                 rss += int(line.split()[1]) * 1024
         return rss
@@ -854,7 +860,7 @@ def test_kquant_model_repacks_and_releases_the_file_pages(gemma_path):
     for repack in (True, False):
         with pydecode.Model(gemma_path, n_ctx=64, n_threads=2, repack=repack) as m:
             logits = m.prefill(prompt).copy()
-            out[repack] = (logits, [t for _, t, _ in m.repacked], m.repacked_bytes, mapped_rss(gemma_path),
+            out[repack] = (logits, [t for _, t, _ in m.repacked], m.repacked_bytes, mapped_rss(m),
                            lib.pd_kernel_has_repacked(m.isa.encode(), int(QT.Q4_K)), m.layouts)
     (lt, types, nbytes, rss, has_k, layouts), (lf, none, _, _, _, _) = out[True], out[False]
     assert none == []
