@@ -6,9 +6,8 @@ nested JSON Schema, a regex), greedy and sampled:
 - constraint ms/token: the time a generation spends on its constraint (token checks, waits for
   a mask, masked draws, forced runs: Stats.constraint_s) over its output tokens, and its share
   of the time per output token;
-- masks/token and mask ms: vocabulary masks computed (greedy computes one only when the best
-  token is not allowed) and their compute time on any thread (sampling computes them on a
-  worker while the model runs the step);
+- masks/token and mask ms: vocabulary masks computed (the draw comes first and is checked
+  alone; a mask only when it is refused or its place does not decide it) and their compute time;
 - forced: the share of output tokens the grammar forced (run through the model in one pass,
   never sampled);
 - output t/s against unconstrained decoding of as many tokens (ignore_eos), side by side: the

@@ -207,4 +207,36 @@ int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, in
  * list's threshold); -1: sample the masked logits instead, -2: no summary. */
 int pd_model_summary_sample_masked(pd_model *m, int top_k, double top_p, double min_p, double u01,
                                    const uint32_t *mask);
+/* Structured output's draw first (sampling.c): a draw from the whole vocabulary's softmax at
+ * temperature 1/inv_t, untruncated, and what decides whether the chain (top_k, top_p, min_p)
+ * over the allowed tokens keeps it without a mask. sure = 1: it keeps that token in any allowed
+ * set that holds it (an exact constrained draw when the grammar allows the token: rejection
+ * sampling). Else pd_proposal_keeps decides from the allowed flags of the first candidates. */
+typedef struct {
+    int token;               /* the draw */
+    int index;               /* its place among the candidates, best first; -1: past them */
+    int sure;
+    int n_cand;              /* candidates held: the vocabulary's best (PD_SUMM_K = 256, or fewer) */
+    double z;                /* the vocabulary's exp-sum at inv_t, relative to the best (w_0 = 1) */
+    int32_t ids[256];
+    float vals[256];
+} pd_proposal;
+/* Over candidates p->ids/vals (n_cand, sorted) and p->z (0: the candidates are the whole
+ * support), the draw u01 lands on: sets token, index (-1 past them: *tail = the target left,
+ * token -1) and sure. Returns index. */
+int pd_draw_untruncated(pd_proposal *p, float inv_t, int top_k, double top_p, double min_p, double u01,
+                        double *tail);
+/* From the logits: the token id (-1: out of memory). */
+int pd_sample_propose(const float *x, int n, int top_k, float inv_t, double top_p, double min_p, double u01,
+                      pd_proposal *p);
+/* From the last step's summary: the token id, -1 when the draw lands past its candidates (take
+ * the logits), -2 when the step made none. */
+int pd_model_summary_propose(pd_model *m, int top_k, double top_p, double min_p, double u01, pd_proposal *p);
+/* Whether the chain over the allowed tokens keeps p's token, from allowed[j] (1/0) of its first
+ * n_known candidates (n_known > p->index): 1 kept, 0 not, -1 undecided (more flags or a mask). */
+int pd_proposal_keeps(const pd_proposal *p, const int8_t *allowed, int n_known, int top_k, float inv_t,
+                      double top_p, double min_p);
+/* Whether `token` survives the chain over the mask's allowed tokens: 1 / 0 (-1: out of memory). */
+int pd_sample_allowed_keeps(const float *x, int n, const uint32_t *mask, int token, int top_k, float inv_t,
+                            double top_p, double min_p);
 #endif

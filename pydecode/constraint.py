@@ -12,13 +12,13 @@ vocabulary, keep its cost off the critical path, and apply its mask in C:
 - `llg_tokenizer(tokenizer)` builds llguidance's tokenizer from the GGUF vocabulary (byte-level
   BPE and SentencePiece alike: every token's raw bytes, special tokens marked), once per
   Tokenizer.
-- `Constraint` is one generation's matcher. `choose` picks the next token under the mask:
-  greedy tries the unconstrained best token first (checking one token costs ~5 us, a mask
-  ~150 us on a 152k vocabulary) and computes the mask only when that token is not allowed;
-  sampling needs the mask every step, so it is computed on a worker thread while the model runs
-  the step (llguidance releases the GIL, as the C core does). `forced` returns the tokens the
-  grammar leaves no choice about (the fixed parts of a schema); the Engine runs them through
-  the model in one batch pass, unsampled.
+- `Constraint` is one generation's matcher. `choose` picks the next token under the mask, but
+  draws first without it (checking one token costs microseconds, a mask ~0.15 ms on a 152k
+  vocabulary): greedy's best token, or sampling's draw from the untruncated softmax, is taken
+  when the grammar allows it and the chain over the allowed tokens surely keeps it (rejection
+  sampling: exact, csrc/sampling/sampling.c); otherwise the mask is computed and applied in C.
+  `forced` returns the tokens the grammar leaves no choice about (the fixed parts of a schema);
+  the Engine runs them through the model in one batch pass, unsampled.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -181,6 +180,8 @@ class _Vocabulary:
     a leading 0xFF, llguidance's convention, so grammar text never matches them), the end ids, and
     a tokenize function (it tokenizes forced text with it). Our encode is llama.cpp's."""
 
+    CACHE_ENTRIES = 4096   # forced strings' tokenizations kept
+
     def __init__(self, tokenizer):
         tok = self.tokenizer = tokenizer
         types = tok._types
@@ -192,15 +193,30 @@ class _Vocabulary:
         self.eos_token_id = tok.eos_id if tok.eos_id is not None else (min(tok.eog_ids) if tok.eog_ids else 0)
         self.bos_token_id = tok.bos_id
         self.greedy = None   # llguidance's own greedy tokenizer, once built
+        self._cache: dict = {}
 
     def __call__(self, data) -> list[int]:
+        # llguidance tokenizes the text a grammar forces (a schema's keys and punctuation) with
+        # this at every forced run; the same few strings come back for every array item and
+        # every output of a schema, and one encode costs ~0.1 ms after a step has flushed the
+        # caches: kept, up to a bound.
+        key = bytes(data) if isinstance(data, (bytes, bytearray)) else data
+        got = self._cache.get(key)
+        if got is None:
+            got = self._encode(data)
+            if len(self._cache) >= self.CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = got
+        return list(got)
+
+    def _encode(self, data) -> tuple[int, ...]:
         text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
         ids = self.tokenizer.encode(text, add_special=False, parse_special=False)
         raw = data if isinstance(data, (bytes, bytearray)) else text.encode()
         if b"".join(self.tokens[i] for i in ids) != raw and self.greedy is not None:
             # (a SentencePiece space prefix, or bytes that are not whole characters)
-            return self.greedy.greedy_tokenize(raw.decode("utf-8", "surrogateescape"))
-        return ids
+            return tuple(self.greedy.greedy_tokenize(raw.decode("utf-8", "surrogateescape")))
+        return tuple(ids)
 
 
 def llg_tokenizer(tokenizer):
@@ -226,109 +242,129 @@ def llg_tokenizer(tokenizer):
 
 # ---------------------------------------------------------------- one generation's matcher
 
-_worker: ThreadPoolExecutor | None = None
-
-
-def _mask_worker() -> ThreadPoolExecutor:
-    """The thread that computes sampled generations' masks while the model runs a step."""
-    global _worker
-    if _worker is None:
-        with _build_lock:
-            if _worker is None:
-                _worker = ThreadPoolExecutor(1, thread_name_prefix="pydecode-mask")
-    return _worker
-
-
 class ConstraintError(RuntimeError):
     """The grammar's matcher failed during a generation (a resource limit of llguidance's)."""
 
 
 class Constraint:
     """One generation's llguidance matcher over the model's vocabulary (see the module docstring).
-    greedy: the sampler is greedy (the mask is computed only when the best token is not allowed);
     fast_forward: tokens the grammar forces are returned by `forced` (else the model picks them
     under the mask, one step each)."""
 
-    def __init__(self, tokenizer, n_vocab: int, grammar: Grammar, greedy: bool, fast_forward: bool = True):
+    def __init__(self, tokenizer, n_vocab: int, grammar: Grammar, fast_forward: bool = True):
         llg = _llguidance()
-        self.grammar, self.greedy, self.fast_forward, self.n_vocab = grammar, greedy, fast_forward, n_vocab
+        self.grammar, self.fast_forward, self.n_vocab = grammar, fast_forward, n_vocab
         self.matcher = llg.LLMatcher(llg_tokenizer(tokenizer), grammar.text, log_level=0)
         self._raise_if_error()
         self.words = np.zeros((n_vocab + 31) // 32, np.int32)
         self._wptr = ffi.cast("uint32_t *", self.words.ctypes.data)
         self._scratch = None
-        self._pending = None                 # the worker's mask computation for the next step
-        self.mask_s = 0.0                    # seconds spent computing masks (on any thread)
+        self._flags = None                   # the grammar's answers for a draw's candidates (_decide)
+        self.mask_s = 0.0                    # seconds spent computing masks
         self.masks = 0                       # masks computed
-        self.wait_s = 0.0                    # seconds the generation waited for one
         self.forced_tokens = 0               # tokens the grammar forced (not sampled)
-        self.cost_s = 0.0                    # seconds the generation spent on the constraint (this
-                                             # thread: checks, waits, masked draws, forced runs; not
-                                             # the plain draw every generation makes)
-        if not greedy:
-            self._start_mask()
+        self.cost_s = 0.0                    # seconds the generation spent on the constraint (checks,
+                                             # masks, masked draws, forced runs; not the first draw,
+                                             # which every generation makes)
 
     def _raise_if_error(self) -> None:
         if self.matcher.is_error():
             raise ConstraintError(f"{self.grammar.what}: {self.matcher.get_error()}")
 
-    # ---- the mask ----
-
-    def _fill(self) -> None:
+    def _mask(self):
+        """The mask of the current state: bit i of words set = token i allowed. (A matcher in
+        error allows nothing: choose raises, naming it.)"""
         t0 = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
         self.mask_s += time.perf_counter() - t0
         self.masks += 1
+        return self._wptr
 
-    def _start_mask(self) -> None:
-        if not self.matcher.is_stopped():
-            self._pending = _mask_worker().submit(self._fill)
-
-    def _mask(self):
-        """The mask of the current state (waits for the worker's, or computes it here)."""
-        if self._pending is not None:
-            t0 = time.perf_counter()
-            fut, self._pending = self._pending, None
-            fut.result()
-            self.wait_s += time.perf_counter() - t0
-        else:
-            self._fill()
-        return self._wptr   # (a matcher in error allows nothing: choose raises, naming it)
-
-    def wait(self) -> None:
-        """Lets a pending mask computation finish (before the matcher is used or dropped)."""
-        if self._pending is not None:
-            fut, self._pending = self._pending, None
-            fut.result()
+    def _allows(self, token: int) -> bool:
+        """Whether the mask last computed allows token."""
+        return 0 <= token < self.n_vocab and bool((int(self.words[token >> 5]) >> (token & 31)) & 1)
 
     # ---- a step ----
 
     def choose(self, logits: np.ndarray, sampler, recent=(), summary=None) -> int:
         """The next token under the constraint, consumed by the matcher. Penalties, temperature,
-        top-k / top-p / min-p apply to the allowed tokens only."""
+        top-k / top-p / min-p apply to the allowed tokens only: the draw is exactly the chain's
+        over the allowed tokens, as if the others' logits were -inf."""
         t0 = time.perf_counter()
         try:
             return self._choose(logits, sampler, recent, summary)
         finally:
             self.cost_s += time.perf_counter() - t0
 
+    DRAWS = 4   # draws without the mask before one is computed (sampling)
+
     def _choose(self, logits, sampler, recent, summary) -> int:
-        if self.greedy:
-            t0 = time.perf_counter()
-            t = sampler.sample(logits, recent)   # the best token: allowed more often than not
-            self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)
-            if 0 <= t < self.n_vocab and self.matcher.try_consume_tokens([t]) == 1:
+        # The draw first, without the mask (Sampler.propose): greedy's best token, or sampling's
+        # untruncated draw. Checking one token costs microseconds, a mask 0.15-0.7 ms on a 152k
+        # vocabulary (its tables cold after a step), so the mask is computed only when the token
+        # is refused, or when neither its place among the best nor the grammar's answers for
+        # the tokens above it show whether the chain over the allowed tokens keeps it. Sampling
+        # draws again (up to DRAWS) while its draws are refused or not kept: rejection sampling,
+        # exact in distribution (each draw taken only where the constrained chain keeps it;
+        # csrc/sampling/sampling.c). Greedy: the best token, if allowed, is the best allowed.
+        t0 = time.perf_counter()
+        x = sampler.penalize(logits, recent) if recent else logits
+        t, sure = sampler.propose(x, summary if x is logits else None)
+        self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)
+        m, mask, known = self.matcher, None, 0
+        for attempt in range(self.DRAWS if sampler.params.temperature > 0 else 1):
+            if attempt:
+                t, sure = sampler.redraw(x)
+            if sure:
+                if m.try_consume_tokens([t]) == 1:
+                    return t
+                self._raise_if_error()
+                continue
+            kept, known = self._decide(sampler, known)
+            if kept == 1 and m.consume_token(t):
                 return t
-            self._raise_if_error()
-        mask = self._mask()
+            if kept == -1:   # undecided: the mask decides it
+                mask = self._mask()
+                if self._allows(t) and sampler.keeps(x, mask, t) and m.consume_token(t):
+                    return t
+                break
+        self._raise_if_error()
+        if mask is None:
+            mask = self._mask()
         if lib.pd_mask_count(mask, self.n_vocab) == 0:
             self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: no token is allowed here (the grammar is at a dead end)")
-        t = sampler.sample_masked(logits, mask, self, recent, summary)
-        if not self.matcher.consume_token(t):
+        t = sampler.sample_masked(x, mask, self, (), summary if x is logits else None)
+        if not m.consume_token(t):
             self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: token {t} was refused after the mask allowed it")
         return t
+
+    ASK = 16          # candidates the grammar is asked about at a time, when a draw is not sure
+    ASK_MAX = 64      # ... before a mask is computed instead
+
+    def _decide(self, sampler, known: int) -> tuple[int, int]:
+        """Whether the chain over the allowed tokens keeps a draw that was not sure, from the
+        grammar's answers for the vocabulary's best candidates, best first (a token costs ~1 us
+        to check, a mask in a free string ~0.7 ms on a 152k vocabulary): (1 kept, 0 not, -1
+        undecided (pd_proposal_keeps); how many candidates have answers, for the next draw of the
+        same step)."""
+        p = sampler.proposal
+        if p.index < 0:
+            return -1, known
+        if self._flags is None:
+            self._flags = ffi.new("int8_t[256]")
+        flags, ids, m = self._flags, p.ids, self.matcher
+        top_k = sampler.params.top_k
+        want = min(p.n_cand, max(known, p.index + 1, self.ASK, top_k + self.ASK // 2 if top_k else 0))
+        while True:
+            for j in range(known, want):
+                flags[j] = m.validate_tokens([ids[j]])
+            known = max(known, want)
+            kept = sampler.proposal_keeps(flags, known)
+            if kept != -1 or known >= min(p.n_cand, max(self.ASK_MAX, p.index + 1)):
+                return kept, known
+            want = min(p.n_cand, known + self.ASK)
 
     def masked_logits(self, logits: np.ndarray, mask) -> np.ndarray:
         """A copy of logits with every token the mask refuses at -inf (in C)."""
@@ -341,7 +377,7 @@ class Constraint:
 
     def forced(self) -> list[int]:
         """After `choose`: the tokens the grammar now forces (consumed; [] when none, or without
-        fast_forward). Then the next mask starts computing (sampling), overlapping the model's step."""
+        fast_forward)."""
         t0 = time.perf_counter()
         ff = []
         if self.fast_forward and not self.matcher.is_stopped():
@@ -350,8 +386,6 @@ class Constraint:
                 self._raise_if_error()
                 raise ConstraintError(f"{self.grammar.what}: the forced tokens {ff} were refused")
             self.forced_tokens += len(ff)
-        if not self.greedy:
-            self._start_mask()
         self.cost_s += time.perf_counter() - t0
         return ff
 
@@ -360,14 +394,11 @@ class Constraint:
         prefilled with the prompt."""
         if not self.fast_forward:
             return []
-        self.wait()
         ff = self.matcher.compute_ff_tokens()
         if ff:
             if not self.matcher.consume_tokens(ff):
                 self._raise_if_error()
             self.forced_tokens += len(ff)
-            if not self.greedy:
-                self._start_mask()
         return ff
 
     @property

@@ -120,8 +120,7 @@ class Engine:
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, params, stop=stop,
                              logprobs=logprobs, ignore_eos=ignore_eos,
                              constraint=None if g is None else constraint.Constraint(
-                                 m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g),
-                                 greedy=params.temperature == 0))
+                                 m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g)))
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
         s.pieces.extend(policy.start())   # what a constraint forces first
@@ -291,9 +290,9 @@ class Engine:
         whose sampler can use it, the step also summarizes the logits for the draw."""
         m = self.model
         p = items[0][0].policy
-        want = p.sampler.summary_inv_t if len(items) == 1 and len(out) == 1 else 0.0
-        if want and p.constraint is not None and not p.sampler.params.top_k:
-            want = 0.0   # a masked draw can use the summary only under a top-k bound
+        want = 0.0
+        if len(items) == 1 and len(out) == 1:   # (a constrained draw reads it first, at any top-k)
+            want = p.sampler.summary_inv_t if p.constraint is None else p.sampler.propose_inv_t
         if want != self._summ:
             m.set_summary(want)
             self._summ = want

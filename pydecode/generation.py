@@ -40,10 +40,9 @@ class Stats:
     # structured output (pydecode/constraint.py)
     constraint_s: float = 0.0        # time the generation spent on its constraint (checks, waits
                                      # for masks, masked draws, forced runs), beyond a plain draw
-    masks: int = 0                   # vocabulary masks computed (greedy computes one only when
-                                     # the best token is not allowed)
-    mask_s: float = 0.0              # their compute time, on any thread (sampling: a worker's, while
-                                     # the model runs the step)
+    masks: int = 0                   # vocabulary masks computed (most steps need none: the draw
+                                     # comes first and is checked alone, constraint.py)
+    mask_s: float = 0.0              # their compute time
     forced_tokens: int = 0           # tokens the constraint forced: run through the model, not sampled
 
     @property

@@ -562,6 +562,13 @@ class Model:
             self._usable(None, None)
             return lib.pd_model_summary_sample_masked(self._ptr, top_k, top_p, min_p, u, mask)
 
+    def summary_propose(self, top_k: int, top_p: float, min_p: float, u: float, proposal) -> int:
+        """Structured output's untruncated draw from the last step's summary into proposal (a
+        pd_proposal *; Sampler.propose): a token id, -1 past its candidates, -2 when the step made none."""
+        with self._lock:
+            self._usable(None, None)
+            return lib.pd_model_summary_propose(self._ptr, top_k, top_p, min_p, u, proposal)
+
     def share_pool(self, other: "Model") -> None:
         """Runs this model's steps on `other`'s threads, under `other`'s lock (a draft model beside
         its target: they take turns, and two pools would spin against each other on the same

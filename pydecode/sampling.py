@@ -135,6 +135,7 @@ class Sampler:
         self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
                            p.top_p, p.min_p)
         self._src = self._buf = None
+        self.proposal = None   # propose's candidates and draw (a pd_proposal *), made on first use
 
     @property
     def summary_inv_t(self) -> float:
@@ -142,6 +143,13 @@ class Sampler:
         (csrc/sampling/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
         The Engine turns the summary on for the steps that return one sequence's one row."""
         return self._fast_args[2] if self._fast and self._fast_args[0] <= SUMMARY_K else 0.0
+
+    @property
+    def propose_inv_t(self) -> float:
+        """summary_inv_t for a constrained draw: `propose` reads the summary at any top-k (its draw
+        is untruncated), whenever no penalty changes the logits first."""
+        p = self.params
+        return self._fast_args[2] if p.temperature > 0 and not p.penalized else 0.0
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -174,6 +182,63 @@ class Sampler:
             self._src, self._buf = logits, ffi.from_buffer("float[]", logits)
             return self.sample(logits, recent, summary)
         return sample(logits, self.params, self, recent)
+
+    def penalize(self, logits: np.ndarray, recent=()) -> np.ndarray:
+        """The logits the chain starts from: with the penalties applied (a copy), if any."""
+        return apply_penalties(logits, recent, self.params) if self.params.penalized and len(recent) else logits
+
+    def propose(self, logits: np.ndarray, summary=None) -> tuple[int, bool]:
+        """Structured output's draw first (constraint.py; logits already `penalize`d): a token
+        chosen without the mask, and whether it is then sure to be an exact constrained choice if
+        the grammar allows it. Greedy: the best token (sure). Sampling: a draw from the whole
+        vocabulary's softmax at the temperature, untruncated (pd_sample_propose, or the step's
+        summary); sure when its place among the best shows it survives top-k / top-p / min-p over
+        any allowed set that holds it (csrc/sampling/sampling.c says why that is exact). Not
+        sure: `proposal` holds the candidates for pd_proposal_keeps. Refused or not kept: the
+        caller draws afresh under the mask (`sample_masked`)."""
+        if self.params.temperature == 0:
+            return self.sample(logits), True
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        u = self.uniform()
+        if self.proposal is None:
+            self.proposal = ffi.new("pd_proposal *")
+        p = self.proposal
+        if summary is not None and summary.summary_propose(top_k, top_p, min_p, u, p) >= 0:
+            return p.token, bool(p.sure)
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, top_k, inv_t, top_p, min_p,
+                                 u, p) < 0:
+            raise MemoryError("sampling scratch memory could not be allocated")
+        return p.token, bool(p.sure)
+
+    def redraw(self, logits: np.ndarray) -> tuple[int, bool]:
+        """Another `propose` from the same step's logits, with the next uniform: over the
+        candidates the last one kept (the same list, so answers about them stay valid), from the
+        logits when it lands past them."""
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        u = self.uniform()
+        p = self.proposal
+        if lib.pd_draw_untruncated(p, inv_t, top_k, top_p, min_p, u, ffi.NULL) < 0:
+            x = np.ascontiguousarray(logits, dtype=np.float32)
+            if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, top_k, inv_t, top_p, min_p,
+                                     u, p) < 0:
+                raise MemoryError("sampling scratch memory could not be allocated")
+        return p.token, bool(p.sure)
+
+    def proposal_keeps(self, allowed, n_known: int) -> int:
+        """pd_proposal_keeps for the last `propose`: 1 kept, 0 not, -1 undecided."""
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        return lib.pd_proposal_keeps(self.proposal, allowed, n_known, top_k, inv_t, top_p, min_p)
+
+    def keeps(self, logits: np.ndarray, mask, token: int) -> bool:
+        """Whether `token` survives the chain over the tokens the mask allows (logits `penalize`d)."""
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        r = lib.pd_sample_allowed_keeps(ffi.cast("float *", x.ctypes.data), self.n_vocab, mask, token,
+                                        top_k, inv_t, top_p, min_p)
+        if r < 0:
+            raise MemoryError("sampling scratch memory could not be allocated")
+        return r == 1
 
     def sample_masked(self, logits: np.ndarray, mask, constraint, recent=(), summary=None) -> int:
         """The next token among those a structured-output bitmask allows (mask: uint32_t * cdata,

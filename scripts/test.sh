@@ -86,6 +86,8 @@ T=$REPO/tests
   "$T/test_structured.py::test_masked_summary_draw_is_the_masked_logits_draw" \
   "$T/test_structured.py::test_the_engine_mixes_constrained_and_free_sequences" \
   "$T/test_structured.py::test_regex_and_choices_always_match[smol-sampled]" \
+  "$T/test_structured.py::test_draw_first_decisions_agree_with_the_mask" \
+  "$T/test_structured.py::test_constrained_sampling_is_the_chain_over_the_allowed_tokens" \
   -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree \
       and not avxvnni_evex and not (across_thread_counts and gemma) \
       and not (scalar and (cached_decode_equals_recompute or all_logits_equal_stepwise or across_thread_counts))" \

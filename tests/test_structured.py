@@ -105,13 +105,108 @@ ANYTHING = "start: /(?s:.*)/"
 
 @pytest.mark.parametrize("model", ["smol", "gemma"])
 def test_a_grammar_that_allows_everything_changes_nothing(request, model):
+    """Greedy: the same tokens. Plain temperature sampling too, seed for seed: the constrained
+    draw comes first from the whole softmax, as the free one does. (Truncated sampling keeps
+    its distribution, not its seed's tokens: test_constrained_sampling_is_the_chain_...)"""
     llm = request.getfixturevalue(model)
     for prompt, kw in (("The history of the bicycle", {}), ("Once upon a time", {}),
                        ("Once upon a time", dict(temperature=0.9, seed=3)),
-                       ("The best way to learn", dict(temperature=0.8, top_k=40, seed=5))):
+                       ("The best way to learn", dict(temperature=1.2, seed=5))):
         free = llm.generate(prompt, 40, **kw)
         held = llm.generate(prompt, 40, grammar=ANYTHING, **kw)
         assert held.tokens == free.tokens, (prompt, kw, free.text, held.text)
+
+
+def _chain(x: np.ndarray, allowed: np.ndarray, p) -> np.ndarray:
+    """The sampler chain's distribution over the allowed tokens, in numpy (sampling.py's order:
+    top-k, top-p over the top-k's mass, min-p against the best, as pd_sample_truncated)."""
+    ids = np.flatnonzero(allowed)
+    order = ids[np.lexsort((ids, -x[ids].astype(np.float64)))]   # value descending, id ascending
+    if 0 < p.top_k < len(order):
+        order = order[:p.top_k]
+    w = np.exp((x[order].astype(np.float64) - x[order[0]]) / p.temperature)
+    keep = len(order)
+    if p.top_p < 1.0:
+        keep = min(int(np.argmax(np.cumsum(w) / w.sum() >= p.top_p)) + 1, keep)
+    if p.min_p > 0.0:
+        keep = min(keep, max(1, int((w >= p.min_p).sum())))
+    out = np.zeros(len(x))
+    out[order[:keep]] = w[:keep] / w[:keep].sum()
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.02),
+    dict(temperature=0.7, top_p=0.8),
+    dict(temperature=1.5, top_k=5),
+    dict(temperature=1.3, min_p=0.1),
+    dict(temperature=1.0, top_k=20, top_p=0.95, repeat_penalty=1.5),
+])
+def test_constrained_sampling_is_the_chain_over_the_allowed_tokens(smol, params):
+    """The draw-first path (a draw from the untruncated softmax taken when the grammar allows it
+    and the chain over the allowed tokens keeps it, else drawn again or under the mask) is
+    rejection sampling: its tokens must follow the chain's distribution over the allowed
+    tokens exactly: no token outside it, every frequency within 5 sigma, 8000 draws."""
+    from pydecode.constraint import Constraint, compile_grammar, grammar_of
+    from pydecode.sampling import Sampler, SamplingParams, apply_penalties
+    tok, m = smol.tokenizer, smol.model
+    # " Paris" and the other capitalized or punctuated continuations are refused
+    c = Constraint(tok, m.n_vocab, compile_grammar(tok, grammar_of(regex="[a-z ]{1,40}")), fast_forward=False)
+    logits = np.array(smol.model.prefill(tok.encode("The capital of France is"), 0, seq=0), np.float32)
+    sp = SamplingParams(seed=11, **params)
+    recent = tok.encode(" the a of and") if sp.penalized else ()
+    sampler = Sampler(sp, m.n_vocab)
+    allowed = np.unpackbits(np.frombuffer(ffi.buffer(c._mask(), c.words.nbytes), np.uint8),
+                            bitorder="little")[:m.n_vocab].astype(bool)
+    x = apply_penalties(logits, recent, sp) if recent else logits
+    want = _chain(x, allowed, sp)
+    assert not allowed[np.argsort(-x)[:5]].all()   # (some of the best are refused: the chain reaches past them)
+    n = 8000
+    counts = np.zeros(m.n_vocab)
+    for _ in range(n):
+        counts[c.choose(logits, sampler, recent)] += 1
+        c.matcher.rollback(1)
+    assert counts[want == 0].sum() == 0, [tok.decode([int(t)]) for t in np.flatnonzero((want == 0) & (counts > 0))]
+    sigma = np.sqrt(n * want * (1 - want))
+    bad = np.flatnonzero(np.abs(counts - n * want) > 5 * sigma + 1)
+    assert not len(bad), [(tok.decode([int(t)]), counts[t], n * want[t]) for t in bad]
+
+
+def test_draw_first_decisions_agree_with_the_mask(smol):
+    """pd_proposal_keeps (from the allowed flags of the first candidates) and a draw's `sure`
+    never contradict pd_sample_allowed_keeps (from the whole mask), which matches the numpy chain."""
+    from pydecode.sampling import Sampler, SamplingParams
+    m = smol.model
+    logits = np.array(m.prefill(smol.tokenizer.encode("The quick brown fox jumps over the"), 0, seq=0), np.float32)
+    rng = np.random.default_rng(3)
+    order = np.argsort(-logits, kind="stable")
+    checked = decided = 0
+    for params in (dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.8, top_p=0.7, min_p=0.05),
+                   dict(temperature=2.0, top_k=8), dict(temperature=1.0, top_p=0.5)):
+        sp = SamplingParams(seed=1, **params)
+        s = Sampler(sp, m.n_vocab)
+        top_k, _, inv_t, top_p, min_p = s._fast_args
+        for density in (1.0, 0.9, 0.6, 0.2):
+            bits = rng.random(m.n_vocab) < density
+            bits[order[:6]] = rng.random(6) < density
+            w = _words(bits)
+            want = _chain(logits, bits, sp)
+            for _ in range(60):
+                t, sure = s.propose(logits)
+                exact = lib.pd_sample_allowed_keeps(_ptr(logits, "float *"), m.n_vocab, _ptr(w, "uint32_t *"), t,
+                                                    top_k, inv_t, top_p, min_p)
+                assert exact == int(want[t] > 0), (params, density, t)
+                if sure and bits[t]:
+                    assert exact == 1
+                p = s.proposal
+                if p.index >= 0:
+                    flags = ffi.new("int8_t[256]", [int(bits[p.ids[j]]) for j in range(p.n_cand)])
+                    for n_known in (p.index + 1, p.index + 20, p.n_cand):
+                        got = s.proposal_keeps(flags, min(n_known, p.n_cand))
+                        assert got in (-1, exact), (params, density, t, n_known)
+                        decided += got != -1
+                checked += 1
+    assert checked == 4 * 4 * 60 and decided > checked
 
 
 # ---------------------------------------------------------------- forced runs, the engine, limits
@@ -231,7 +326,7 @@ def test_llguidance_bit_layout_is_ours(smol):
     """A mask from llguidance, read through _words' layout: exactly the tokens it allows."""
     from pydecode.constraint import Constraint, compile_grammar, grammar_of
     tok = smol.tokenizer
-    c = Constraint(tok, smol.model.n_vocab, compile_grammar(tok, grammar_of(regex="[0-9]+")), greedy=True)
+    c = Constraint(tok, smol.model.n_vocab, compile_grammar(tok, grammar_of(regex="[0-9]+")))
     ptr = c._mask()
     words = np.frombuffer(ffi.buffer(ptr, c.words.nbytes), np.uint32)
     allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:smol.model.n_vocab].astype(bool)

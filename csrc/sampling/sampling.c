@@ -4,6 +4,7 @@
 #include "pydecode.h"
 #include "kernels/kernels.h"
 #include "sampling/fkey.h"
+#include "sampling/summary.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -329,4 +330,170 @@ int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, in
     }
     const int j = pd_sample_truncated(vals, m, top_k > 0 && top_k < m ? top_k : 0, first, inv_t, top_p, min_p, u01);
     return j >= 0 ? ids[j] : j;
+}
+
+/* ---------------- structured output: a draw first, the mask only when it is needed ----------------
+ * A constrained draw is the chain (top-k, top-p, min-p, the draw) over the allowed tokens alone.
+ * Rejection sampling gives it without a mask on most steps (constraint.py): draw y from the
+ * whole vocabulary's softmax at the temperature, untruncated; when y is allowed and survives
+ * the chain over the allowed tokens, it IS a draw of the constrained chain (a softmax draw that
+ * lands in a set is distributed as the softmax over that set); when not, a fresh draw under the
+ * mask is (the two branches mix to the same distribution). Whether y survives is often known
+ * without the mask, from its place among the vocabulary's best ("sure"): top-k: its rank among
+ * the allowed is at most its rank overall; top-p: the allowed mass above it is at most the
+ * whole mass above it M, and the allowed top-k's mass at least that plus its own w, so M / (M +
+ * w) < top_p suffices; min-p: the best allowed token weighs at most the best overall. */
+_Static_assert(PD_SUMM_K == sizeof(((pd_proposal *)0)->ids) / sizeof(int32_t), "pd_proposal holds PD_SUMM_K");
+
+int pd_draw_untruncated(pd_proposal *p, float inv_t, int top_k, double top_p, double min_p, double u01,
+                        double *tail) {
+    if (!p) return -1;
+    p->token = p->index = -1;
+    p->sure = 0;
+    const int k = p->n_cand;
+    if (k <= 0 || k > PD_SUMM_K) return -1;
+    double w[PD_SUMM_K];
+    const double shift = p->vals[0];
+    double total = 0.0;
+    for (int i = 0; i < k; i++) { w[i] = exp(((double)p->vals[i] - shift) * inv_t); total += w[i]; }
+    double z = p->z < total ? total : p->z;
+    const double target = u01 * z;
+    double cum = 0.0;
+    for (int i = 0; i < k; i++) {
+        if (cum + w[i] > target || (i == k - 1 && z == total)) {
+            p->index = i;
+            p->token = p->ids[i];
+            p->sure = (top_k <= 0 || i < top_k) && (top_p >= 1.0 || cum < top_p * (cum + w[i]))
+                      && (min_p <= 0.0 || w[i] >= min_p);
+            return i;
+        }
+        cum += w[i];
+    }
+    if (tail) *tail = target - cum;
+    return -1;
+}
+
+static _Thread_local scratch s_skip;
+static int cmp_id(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int pd_sample_propose(const float *x, int n, int top_k, float inv_t, double top_p, double min_p, double u01,
+                      pd_proposal *p) {
+    if (!x || n <= 0 || !p) return -1;
+    const int k = n < PD_SUMM_K ? n : PD_SUMM_K;   /* the summary's candidates: the same draw either way */
+    if (pd_top_k(x, n, k, p->ids, p->vals) != k) return -1;
+    p->n_cand = k;
+    p->z = k == n ? 0.0 : pd_sum_exp(NULL, x, n, inv_t, p->vals[0]);
+    double tail = 0.0;
+    if (pd_draw_untruncated(p, inv_t, top_k, top_p, min_p, u01, &tail) >= 0) return p->token;
+    /* past the candidates (rare): the tail, in vocabulary order, not sure of anything */
+    int32_t *skip = scratch_get(&s_skip, (size_t)k * sizeof *skip);
+    if (!skip) return -1;
+    memcpy(skip, p->ids, (size_t)k * sizeof *skip);
+    qsort(skip, (size_t)k, sizeof *skip, cmp_id);
+    const int t = pd_draw_tail(x, n, inv_t, p->vals[0], skip, k, tail);
+    p->token = t >= 0 ? t : p->ids[k - 1];
+    return p->token;
+}
+
+/* The exact decision from the grammar's answers for the first n_known candidates, when the
+ * draw was not sure: its rank among the allowed (top-k), the best allowed (min-p) and the
+ * allowed mass above it (top-p) are then known; top-p's normalizer lies between the known
+ * allowed mass and that plus what the unknown tokens may add (each weighs at most the first
+ * unknown candidate): decided when the whole interval agrees. */
+int pd_proposal_keeps(const pd_proposal *p, const int8_t *allowed, int n_known, int top_k, float inv_t,
+                      double top_p, double min_p) {
+    if (!p || !allowed) return -1;
+    const int i = p->index, k = p->n_cand;
+    if (i < 0 || n_known <= i || n_known > k || k > PD_SUMM_K) return -1;
+    if (!allowed[i]) return 0;
+    const double v0 = p->vals[0];
+    double known = 0.0, known_allowed = 0.0, first_k = 0.0, above = 0.0, wmax = 0.0;
+    int n_allowed = 0, rank = 0;
+    for (int j = 0; j < n_known; j++) {
+        const double w = exp(((double)p->vals[j] - v0) * inv_t);
+        known += w;
+        if (!allowed[j]) continue;
+        if (n_allowed == 0) wmax = w;
+        if (j < i) { above += w; rank++; }
+        if (top_k > 0 && n_allowed < top_k) first_k += w;
+        known_allowed += w;
+        n_allowed++;
+    }
+    if (top_k > 0 && rank >= top_k) return 0;
+    const double wy = exp(((double)p->vals[i] - v0) * inv_t);
+    if (min_p > 0.0 && !(wy >= min_p * wmax)) return 0;
+    if (top_p >= 1.0 || rank == 0) return 1;
+    const double wnext = exp(((double)p->vals[n_known < k ? n_known : k - 1] - v0) * inv_t);
+    double zlo, zhi;
+    if (top_k > 0) {   /* the allowed top-k's mass (or all allowed, when fewer) */
+        zlo = n_allowed >= top_k ? first_k : known_allowed;
+        zhi = n_allowed >= top_k ? first_k : known_allowed + (top_k - n_allowed) * wnext;
+    } else {           /* all allowed mass: the unknown part at most the rest of the vocabulary's */
+        double total = known;
+        for (int j = n_known; j < k; j++) total += exp(((double)p->vals[j] - v0) * inv_t);
+        const double z = p->z > total ? p->z : total;
+        zlo = known_allowed;
+        zhi = known_allowed + (z - known > 0.0 ? z - known : 0.0);
+    }
+    if (above < top_p * zlo) return 1;
+    if (above >= top_p * zhi) return 0;
+    return -1;
+}
+
+/* Whether `token` survives the chain over the allowed tokens (pd_sample_allowed's, to the same
+ * order: value descending, id ascending on ties): its rank under top-k, the allowed mass above
+ * it under top-p, its weight against the best allowed under min-p. The exact answer when the
+ * draw-first check was not sure. 1 / 0, or -1 when scratch memory runs out. */
+int pd_sample_allowed_keeps(const float *x, int n, const uint32_t *mask, int token, int top_k, float inv_t,
+                            double top_p, double min_p) {
+    if (!x || !mask || n <= 0 || token < 0 || token >= n || !allowed(mask, token)) return 0;
+    const int c = pd_mask_count(mask, n);
+    float *vals = scratch_get(&s_allowed_val, (size_t)c * sizeof *vals);
+    if (!vals) return -1;
+    const float xy = x[token];
+    float vmax = -INFINITY;
+    int m = 0, rank = 0;
+    for (int wd = 0; wd < (n + 31) / 32; wd++) {
+        uint32_t bits = mask[wd];
+        while (bits) {
+            const int i = wd * 32 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (i >= n) break;
+            const float v = x[i];
+            vals[m++] = v;
+            vmax = v > vmax ? v : vmax;
+            rank += v > xy || (v == xy && i < token);
+        }
+    }
+    const int bounded = top_k > 0 && top_k < m;
+    if (bounded && rank >= top_k) return 0;
+    const double wy = exp(((double)xy - vmax) * inv_t);
+    if (min_p > 0.0 && !(wy >= min_p)) return 0;
+    if (top_p >= 1.0 || rank == 0) return 1;
+    /* the allowed mass ranked above it: larger values (a few, as a rule), then equal ones with lower ids */
+    double above = 0.0, z;
+    for (int i = 0; i < m; i++)
+        if (vals[i] > xy) above += exp(((double)vals[i] - vmax) * inv_t);
+    for (int wd = 0; wd <= token / 32; wd++) {
+        uint32_t bits = mask[wd];
+        while (bits) {
+            const int i = wd * 32 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (i >= token) break;
+            if (x[i] == xy) above += wy;
+        }
+    }
+    if (bounded) {   /* top-p's mass is the allowed top-k's */
+        int32_t *tid = scratch_get(&s_ids, (size_t)top_k * sizeof *tid);
+        float *tv = scratch_get(&s_vals, (size_t)top_k * sizeof *tv);
+        if (!tid || !tv || pd_top_k(vals, m, top_k, tid, tv) != top_k) return -1;
+        z = 0.0;
+        for (int i = 0; i < top_k; i++) z += exp(((double)tv[i] - vmax) * inv_t);
+    } else {         /* the whole allowed set's, by the table's vectorized exp-sum */
+        z = pd_sum_exp(NULL, vals, m, inv_t, vmax);
+    }
+    return above / z < top_p;
 }

@@ -69,23 +69,40 @@ static void radix_sort64(uint64_t *a, uint64_t *tmp, int n) {
     }
 }
 
+/* The lists' candidates merged, best first, as rank keys (room for 2x: the sort's scratch), and
+ * room for their values: the count, or -1 (none, or no memory; nothing to free then). */
+static int summ_merge(const pd_summ_list *lists, int n_lists, uint64_t **key, float **vals) {
+    int total = 0;
+    for (int t = 0; t < n_lists; t++) total += lists[t].n;
+    if (total < 1) return -1;
+    *key = malloc((size_t)total * 2 * sizeof **key);
+    *vals = malloc((size_t)total * sizeof **vals);
+    if (!*key || !*vals) { free(*key); free(*vals); return -1; }
+    int n = 0;
+    for (int t = 0; t < n_lists; t++)
+        for (int i = 0; i < lists[t].n; i++) (*key)[n++] = rank_key(lists[t].val[i], lists[t].id[i]);
+    radix_sort64(*key, *key + total, n);
+    return n;
+}
+
+/* The vocabulary's exp-sum at inv_t relative to v0, from the chunks' maxima and sums. */
+static double summ_z(const float *cmax, const double *csum, int n_chunks, float inv_t, float v0) {
+    double z = 0.0;
+    for (int c = 0; c < n_chunks; c++)
+        if (cmax[c] != -INFINITY) z += csum[c] * exp(((double)cmax[c] - v0) * inv_t);
+    return z;
+}
+
 int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
                    int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01,
                    const uint32_t *mask) {
     const int bounded = top_k > 0 && top_k < n_vocab;
     if (!lists || n_lists < 1 || n_vocab < 1 || (bounded && top_k > PD_SUMM_K)) return -1;
     if (mask && !bounded) return -1;          /* the chunk sums count disallowed tokens too */
-    int total = 0;
-    for (int t = 0; t < n_lists; t++) total += lists[t].n;
-    if (total < 1) return -1;
-    uint64_t *key = malloc((size_t)total * 2 * sizeof *key);
-    float *vals = malloc((size_t)total * sizeof *vals);
-    int rc = -1;
-    if (!key || !vals) goto done;
-    int n = 0;
-    for (int t = 0; t < n_lists; t++)
-        for (int i = 0; i < lists[t].n; i++) key[n++] = rank_key(lists[t].val[i], lists[t].id[i]);
-    radix_sort64(key, key + total, n);
+    uint64_t *key;
+    float *vals;
+    int n = summ_merge(lists, n_lists, &key, &vals), rc = -1;
+    if (n < 0) return -1;
     if (mask) {   /* structured output: the best top_k allowed candidates, when they are exact */
         float thr = -INFINITY;
         for (int t = 0; t < n_lists; t++) thr = lists[t].thr > thr ? lists[t].thr : thr;
@@ -105,10 +122,7 @@ int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, co
     if (n < k) goto done;                     /* (a list can hold fewer only if the vocabulary is small) */
     for (int i = 0; i < k; i++) vals[i] = fkey_inv(~(uint32_t)(key[i] >> 32));
     const int whole = bounded || k == n_vocab;
-    double z = 0.0;
-    if (!whole)
-        for (int c = 0; c < n_chunks; c++)
-            if (cmax[c] != -INFINITY) z += csum[c] * exp(((double)cmax[c] - vals[0]) * inv_t);
+    const double z = whole ? 0.0 : summ_z(cmax, csum, n_chunks, inv_t, vals[0]);
     const int i = pd_draw_candidates(vals, k, inv_t, z, top_p, min_p, !whole, u01);
     if (i >= 0) rc = (int)(uint32_t)(key[i] & 0xffffffffu);
 done:
@@ -117,7 +131,29 @@ done:
     return rc;
 }
 
-/* ---------------- the model's summary: turned on per step by the Engine, drawn from here ---------------- */
+/* pd_draw_untruncated (sampling.c) over the summary's best PD_SUMM_K and the vocabulary's
+ * exp-sum: the token, or -1 past them (the caller draws from the logits, with the same u01). */
+int pd_summ_propose(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
+                    int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01, pd_proposal *p) {
+    if (!lists || n_lists < 1 || n_vocab < 1 || !p) return -1;
+    uint64_t *key;
+    float *vals;
+    int n = summ_merge(lists, n_lists, &key, &vals), rc = -1;
+    if (n < 0) return -1;
+    const int k = PD_SUMM_K < n_vocab ? PD_SUMM_K : n_vocab;
+    if (n >= k) {
+        for (int i = 0; i < k; i++) {
+            p->vals[i] = fkey_inv(~(uint32_t)(key[i] >> 32));
+            p->ids[i] = (int32_t)(uint32_t)(key[i] & 0xffffffffu);
+        }
+        p->n_cand = k;
+        p->z = k == n_vocab ? 0.0 : summ_z(cmax, csum, n_chunks, inv_t, p->vals[0]);
+        if (pd_draw_untruncated(p, inv_t, top_k, top_p, min_p, u01, NULL) >= 0) rc = p->token;
+    }
+    free(key);
+    free(vals);
+    return rc;
+}
 
 int pd_model_set_summary(pd_model *m, float inv_t) {
     if (!m) return PD_EINVAL;
@@ -153,4 +189,10 @@ int pd_model_summary_sample_masked(pd_model *m, int top_k, double top_p, double 
     if (!mask) return -1;
     return pd_summ_sample(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
                           top_k, m->summ_inv_t, top_p, min_p, u01, mask);
+}
+
+int pd_model_summary_propose(pd_model *m, int top_k, double top_p, double min_p, double u01, pd_proposal *p) {
+    if (!m || !m->summ_ready) return -2;
+    return pd_summ_propose(m->summ, m->c.n_threads, m->summ_cmax, m->summ_csum, m->summ_chunks, m->c.n_vocab,
+                           top_k, m->summ_inv_t, top_p, min_p, u01, p);
 }

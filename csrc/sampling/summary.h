@@ -13,6 +13,7 @@
 #define PD_SUMMARY_H
 #include <stdint.h>
 #include "kernels/kernels.h"
+#include "pydecode.h"
 
 #define PD_SUMM_K 256                 /* candidates kept: top-k up to this, else the full path */
 #define PD_SUMM_CAP 512               /* a list is cut back to PD_SUMM_K when it passes this */
@@ -39,4 +40,8 @@ void pd_summ_fold(const pd_kernels *K, pd_summ_list *l, const float *x, int r0, 
 int pd_summ_sample(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
                    int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01,
                    const uint32_t *mask);
+/* Structured output's draw-first proposal (pd_draw_untruncated, pydecode.h) from the lists: the
+ * token id, or -1 when the draw lands past the best PD_SUMM_K (the caller reads the logits). */
+int pd_summ_propose(const pd_summ_list *lists, int n_lists, const float *cmax, const double *csum, int n_chunks,
+                    int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01, pd_proposal *p);
 #endif
