@@ -236,6 +236,10 @@ int pd_model_summary_propose(pd_model *m, int top_k, double top_p, double min_p,
  * n_known candidates (n_known > p->index): 1 kept, 0 not, -1 undecided (more flags or a mask). */
 int pd_proposal_keeps(const pd_proposal *p, const int8_t *allowed, int n_known, int top_k, float inv_t,
                       double top_p, double min_p);
+/* The constrained draw at u01 from the same answers, when they determine the chain over the
+ * allowed tokens (the token id), else -1: a mask is needed. */
+int pd_proposal_draw_known(const pd_proposal *p, const int8_t *allowed, int n_known, int top_k, float inv_t,
+                           double top_p, double min_p, double u01);
 /* Whether `token` survives the chain over the mask's allowed tokens: 1 / 0 (-1: out of memory). */
 int pd_sample_allowed_keeps(const float *x, int n, const uint32_t *mask, int token, int top_k, float inv_t,
                             double top_p, double min_p);

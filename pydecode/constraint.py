@@ -306,13 +306,21 @@ class Constraint:
         # the tokens above it show whether the chain over the allowed tokens keeps it. Sampling
         # draws again (up to DRAWS) while its draws are refused or not kept: rejection sampling,
         # exact in distribution (each draw taken only where the constrained chain keeps it;
-        # csrc/sampling/sampling.c). Greedy: the best token, if allowed, is the best allowed.
+        # csrc/sampling/sampling.c). Greedy: the first of the best candidates the grammar
+        # allows (up to ASK_MAX) is the best allowed token.
         t0 = time.perf_counter()
         x = sampler.penalize(logits, recent) if recent else logits
         t, sure = sampler.propose(x, summary if x is logits else None)
         self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)
         m, mask, known = self.matcher, None, 0
-        for attempt in range(self.DRAWS if sampler.params.temperature > 0 else 1):
+        if sampler.params.temperature == 0:
+            if m.try_consume_tokens([t]) == 1:
+                return t
+            p = sampler.candidates(x)   # the best allowed: the first the grammar takes, best first
+            for j in range(1, min(p.n_cand, self.ASK_MAX)):
+                if m.try_consume_tokens([p.ids[j]]) == 1:
+                    return p.ids[j]
+        for attempt in range(self.DRAWS if sampler.params.temperature > 0 else 0):
             if attempt:
                 t, sure = sampler.redraw(x)
             if sure:
@@ -328,6 +336,12 @@ class Constraint:
                 if self._allows(t) and sampler.keeps(x, mask, t) and m.consume_token(t):
                     return t
                 break
+        else:
+            if sampler.params.temperature > 0:   # the draws were refused: the grammar's answers
+                known = self._ask(sampler, known, min(sampler.proposal.n_cand, self.ASK_MAX))
+                t = sampler.draw_known(self._flags, known)   # for the best may decide it
+                if t >= 0 and m.consume_token(t):
+                    return t
         self._raise_if_error()
         if mask is None:
             mask = self._mask()
@@ -343,6 +357,16 @@ class Constraint:
     ASK = 16          # candidates the grammar is asked about at a time, when a draw is not sure
     ASK_MAX = 64      # ... before a mask is computed instead
 
+    def _ask(self, sampler, known: int, want: int) -> int:
+        """The grammar's answers (allowed or not) for the proposal's candidates known..want-1,
+        into _flags; returns how many it holds."""
+        if self._flags is None:
+            self._flags = ffi.new("int8_t[256]")
+        flags, ids, m = self._flags, sampler.proposal.ids, self.matcher
+        for j in range(known, want):
+            flags[j] = m.validate_tokens([ids[j]])
+        return max(known, want)
+
     def _decide(self, sampler, known: int) -> tuple[int, int]:
         """Whether the chain over the allowed tokens keeps a draw that was not sure, from the
         grammar's answers for the vocabulary's best candidates, best first (a token costs ~1 us
@@ -352,16 +376,10 @@ class Constraint:
         p = sampler.proposal
         if p.index < 0:
             return -1, known
-        if self._flags is None:
-            self._flags = ffi.new("int8_t[256]")
-        flags, ids, m = self._flags, p.ids, self.matcher
-        top_k = sampler.params.top_k
-        want = min(p.n_cand, max(known, p.index + 1, self.ASK, top_k + self.ASK // 2 if top_k else 0))
+        want = min(p.n_cand, max(known, p.index + 1, self.ASK))
         while True:
-            for j in range(known, want):
-                flags[j] = m.validate_tokens([ids[j]])
-            known = max(known, want)
-            kept = sampler.proposal_keeps(flags, known)
+            known = self._ask(sampler, known, want)
+            kept = sampler.proposal_keeps(self._flags, known)
             if kept != -1 or known >= min(p.n_cand, max(self.ASK_MAX, p.index + 1)):
                 return kept, known
             want = min(p.n_cand, known + self.ASK)

@@ -136,6 +136,7 @@ class Sampler:
                            p.top_p, p.min_p)
         self._src = self._buf = None
         self.proposal = None   # propose's candidates and draw (a pd_proposal *), made on first use
+        self._fresh = False    # whether it holds the last proposed step's candidates
 
     @property
     def summary_inv_t(self) -> float:
@@ -147,9 +148,10 @@ class Sampler:
     @property
     def propose_inv_t(self) -> float:
         """summary_inv_t for a constrained draw: `propose` reads the summary at any top-k (its draw
-        is untruncated), whenever no penalty changes the logits first."""
+        is untruncated; greedy's is the best of its candidates, at any temperature: 1), whenever
+        no penalty changes the logits first."""
         p = self.params
-        return self._fast_args[2] if p.temperature > 0 and not p.penalized else 0.0
+        return 0.0 if p.penalized else self._fast_args[2] if p.temperature > 0 else 1.0
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -196,13 +198,15 @@ class Sampler:
         any allowed set that holds it (csrc/sampling/sampling.c says why that is exact). Not
         sure: `proposal` holds the candidates for pd_proposal_keeps. Refused or not kept: the
         caller draws afresh under the mask (`sample_masked`)."""
-        if self.params.temperature == 0:
-            return self.sample(logits), True
-        top_k, _, inv_t, top_p, min_p = self._fast_args
-        u = self.uniform()
         if self.proposal is None:
             self.proposal = ffi.new("pd_proposal *")
         p = self.proposal
+        if self.params.temperature == 0:   # the best token: sure (the summary's candidates come with it)
+            self._fresh = summary is not None and summary.summary_propose(0, 1.0, 0.0, 0.0, p) >= 0
+            return (p.token if self._fresh else self.sample(logits)), True
+        self._fresh = True
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        u = self.uniform()
         if summary is not None and summary.summary_propose(top_k, top_p, min_p, u, p) >= 0:
             return p.token, bool(p.sure)
         x = np.ascontiguousarray(logits, dtype=np.float32)
@@ -210,6 +214,17 @@ class Sampler:
                                  u, p) < 0:
             raise MemoryError("sampling scratch memory could not be allocated")
         return p.token, bool(p.sure)
+
+    def candidates(self, logits: np.ndarray):
+        """The proposal with this step's best candidates, best first (ties: the lower id first,
+        as argmax): greedy's when `propose` had no summary to take them from."""
+        p = self.proposal
+        if not self._fresh:
+            x = np.ascontiguousarray(logits, dtype=np.float32)
+            if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, 0, 1.0, 1.0, 0.0, 0.0, p) < 0:
+                raise MemoryError("sampling scratch memory could not be allocated")
+            self._fresh = True
+        return p
 
     def redraw(self, logits: np.ndarray) -> tuple[int, bool]:
         """Another `propose` from the same step's logits, with the next uniform: over the
@@ -224,6 +239,12 @@ class Sampler:
                                      u, p) < 0:
                 raise MemoryError("sampling scratch memory could not be allocated")
         return p.token, bool(p.sure)
+
+    def draw_known(self, allowed, n_known: int) -> int:
+        """pd_proposal_draw_known with the next uniform: the constrained draw from the grammar's
+        answers for the first n_known candidates, or -1 when they do not determine it."""
+        top_k, _, inv_t, top_p, min_p = self._fast_args
+        return lib.pd_proposal_draw_known(self.proposal, allowed, n_known, top_k, inv_t, top_p, min_p, self.uniform())
 
     def proposal_keeps(self, allowed, n_known: int) -> int:
         """pd_proposal_keeps for the last `propose`: 1 kept, 0 not, -1 undecided."""

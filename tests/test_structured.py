@@ -174,13 +174,14 @@ def test_constrained_sampling_is_the_chain_over_the_allowed_tokens(smol, params)
 
 def test_draw_first_decisions_agree_with_the_mask(smol):
     """pd_proposal_keeps (from the allowed flags of the first candidates) and a draw's `sure`
-    never contradict pd_sample_allowed_keeps (from the whole mask), which matches the numpy chain."""
+    never contradict pd_sample_allowed_keeps (from the whole mask), which matches the numpy chain;
+    pd_proposal_draw_known, when it decides, draws what pd_sample_allowed draws at the same u."""
     from pydecode.sampling import Sampler, SamplingParams
     m = smol.model
     logits = np.array(m.prefill(smol.tokenizer.encode("The quick brown fox jumps over the"), 0, seq=0), np.float32)
     rng = np.random.default_rng(3)
     order = np.argsort(-logits, kind="stable")
-    checked = decided = 0
+    checked = decided = drawn = 0
     for params in (dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.8, top_p=0.7, min_p=0.05),
                    dict(temperature=2.0, top_k=8), dict(temperature=1.0, top_p=0.5)):
         sp = SamplingParams(seed=1, **params)
@@ -199,14 +200,21 @@ def test_draw_first_decisions_agree_with_the_mask(smol):
                 if sure and bits[t]:
                     assert exact == 1
                 p = s.proposal
+                flags = ffi.new("int8_t[256]", [int(bits[p.ids[j]]) for j in range(p.n_cand)])
                 if p.index >= 0:
-                    flags = ffi.new("int8_t[256]", [int(bits[p.ids[j]]) for j in range(p.n_cand)])
                     for n_known in (p.index + 1, p.index + 20, p.n_cand):
                         got = s.proposal_keeps(flags, min(n_known, p.n_cand))
                         assert got in (-1, exact), (params, density, t, n_known)
                         decided += got != -1
+                u = float(rng.random())
+                for n_known in (8, 64, p.n_cand):   # the whole draw, when the answers determine it
+                    got = lib.pd_proposal_draw_known(p, flags, n_known, top_k, inv_t, top_p, min_p, u)
+                    if got >= 0:
+                        drawn += 1
+                        assert got == lib.pd_sample_allowed(_ptr(logits, "float *"), m.n_vocab, _ptr(w, "uint32_t *"),
+                                                            top_k, 256, inv_t, top_p, min_p, u), (params, density, n_known)
                 checked += 1
-    assert checked == 4 * 4 * 60 and decided > checked
+    assert checked == 4 * 4 * 60 and decided > checked and drawn > checked
 
 
 # ---------------------------------------------------------------- forced runs, the engine, limits

@@ -443,6 +443,80 @@ int pd_proposal_keeps(const pd_proposal *p, const int8_t *allowed, int n_known, 
     return -1;
 }
 
+/* The constrained draw itself from the same answers, when they determine it: the allowed
+ * candidates among the first n_known, best first, are the best allowed tokens of the whole
+ * vocabulary (every unknown token weighs at most the first unknown candidate, wnext); the
+ * chain keeps a prefix of them whose length is fixed whatever the unknown tokens are when
+ * top-k is filled by known ones (or the unknown could add at most (top_k - found) * wnext),
+ * top-p's cut is the same at both ends of its normalizer's interval, and min-p's threshold
+ * is above wnext. Then u01 picks in that prefix as pd_draw_candidates does. */
+int pd_proposal_draw_known(const pd_proposal *p, const int8_t *allowed, int n_known, int top_k, float inv_t,
+                           double top_p, double min_p, double u01) {
+    if (!p || !allowed) return -1;
+    const int k = p->n_cand;
+    if (n_known <= 0 || n_known > k || k > PD_SUMM_K) return -1;
+    const double v0 = p->vals[0];
+    double w[PD_SUMM_K], known = 0.0, total = 0.0;
+    int at[PD_SUMM_K], n = 0;
+    for (int j = 0; j < k; j++) {
+        const double wj = exp(((double)p->vals[j] - v0) * inv_t);
+        total += wj;
+        if (j >= n_known) continue;
+        known += wj;
+        if (allowed[j]) { w[n] = wj; at[n++] = j; }
+    }
+    if (n == 0) return -1;
+    const int none_unknown = n_known == k && p->z == 0.0;   /* the candidates are the vocabulary */
+    const double wnext = none_unknown ? 0.0 : exp(((double)p->vals[n_known < k ? n_known : k - 1] - v0) * inv_t);
+    int base = n;                               /* the known part of the chain's base set */
+    double unknown = 0.0;                       /* what the unknown tokens may add to its mass */
+    if (top_k > 0) {
+        if (n >= top_k) base = top_k; else unknown = (top_k - n) * wnext;
+    } else if (!none_unknown) {
+        const double z = p->z > total ? p->z : total;
+        unknown = z - known > 0.0 ? z - known : 0.0;
+    }
+    double zlo = 0.0;
+    for (int j = 0; j < base; j++) zlo += w[j];
+    const double zhi = zlo + unknown;
+    /* min-p: the known ones above min_p of the best; decided when no unknown token can pass */
+    int keep_m = base, m_known = 1;
+    if (min_p > 0.0) {
+        keep_m = 0;
+        while (keep_m < base && w[keep_m] >= min_p * w[0]) keep_m++;
+        if (keep_m < 1) keep_m = 1;
+        m_known = keep_m < base || unknown == 0.0 || wnext < min_p * w[0];
+    } else {
+        m_known = unknown == 0.0;
+    }
+    /* top-p: the cut at both ends of the normalizer's interval */
+    int keep_p = base, p_known = unknown == 0.0;
+    if (top_p < 1.0) {
+        int lo = -1, hi = -1;
+        double cum = 0.0;
+        for (int j = 0; j < base; j++) {
+            cum += w[j];
+            if (lo < 0 && cum >= top_p * zlo) lo = j + 1;
+            if (hi < 0 && cum >= top_p * zhi) { hi = j + 1; break; }
+        }
+        if (lo < 0) lo = base;                  /* (rounding: all of it, as pd_draw_candidates) */
+        if (hi < 0 && unknown == 0.0) hi = base;
+        keep_p = lo;
+        p_known = hi == lo;
+    }
+    int keep;   /* min(top-p's, min-p's) */
+    if (p_known && m_known) keep = keep_p < keep_m ? keep_p : keep_m;
+    else if (p_known) keep = keep_p;                      /* min-p keeps all of base, or more */
+    else if (m_known && keep_m <= keep_p) keep = keep_m;  /* top-p keeps keep_p (its low end), or more */
+    else return -1;
+    double mass = 0.0;
+    for (int j = 0; j < keep; j++) mass += w[j];
+    const double target = u01 * mass;
+    double cum = 0.0;
+    for (int j = 0; j < keep; j++) { cum += w[j]; if (cum > target) return p->ids[at[j]]; }
+    return p->ids[at[keep - 1]];
+}
+
 /* Whether `token` survives the chain over the allowed tokens (pd_sample_allowed's, to the same
  * order: value descending, id ascending on ties): its rank under top-k, the allowed mass above
  * it under top-p, its weight against the best allowed under min-p. The exact answer when the
