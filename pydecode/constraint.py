@@ -296,66 +296,84 @@ class Constraint:
         finally:
             self.cost_s += time.perf_counter() - t0
 
-    DRAWS = 4   # draws without the mask before one is computed (sampling)
+    DRAWS = 4         # sampling's draws without the mask before one is computed
+    ASK = 16          # candidates the grammar is asked about at a time, when a draw is not sure
+    ASK_MAX = 64      # ... before a mask is computed instead
 
     def _choose(self, logits, sampler, recent, summary) -> int:
         # The draw first, without the mask (Sampler.propose): greedy's best token, or sampling's
-        # untruncated draw. Checking one token costs microseconds, a mask 0.15-0.7 ms on a 152k
-        # vocabulary (its tables cold after a step), so the mask is computed only when the token
-        # is refused, or when neither its place among the best nor the grammar's answers for
-        # the tokens above it show whether the chain over the allowed tokens keeps it. Sampling
-        # draws again (up to DRAWS) while its draws are refused or not kept: rejection sampling,
-        # exact in distribution (each draw taken only where the constrained chain keeps it;
-        # csrc/sampling/sampling.c). Greedy: the first of the best candidates the grammar
-        # allows (up to ASK_MAX) is the best allowed token.
+        # draw from the untruncated softmax. Checking one token costs microseconds, a mask
+        # 0.15-0.7 ms on a 152k vocabulary (its tables cold after a step), so the mask is
+        # computed only when the grammar's answers about the draws and the best candidates do not
+        # decide the choice.
         t0 = time.perf_counter()
         x = sampler.penalize(logits, recent) if recent else logits
-        t, sure = sampler.propose(x, summary if x is logits else None)
+        summary = summary if x is logits else None
+        t, sure = sampler.propose(x, summary)
         self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)
-        m, mask, known = self.matcher, None, 0
         if sampler.params.temperature == 0:
-            if m.try_consume_tokens([t]) == 1:
-                return t
-            p = sampler.candidates(x)   # the best allowed: the first the grammar takes, best first
-            for j in range(1, min(p.n_cand, self.ASK_MAX)):
-                if m.try_consume_tokens([p.ids[j]]) == 1:
-                    return p.ids[j]
-        for attempt in range(self.DRAWS if sampler.params.temperature > 0 else 0):
+            t, mask = self._best_allowed(sampler, x, t), None
+        else:
+            t, mask = self._draw_allowed(sampler, x, t, sure)
+        return t if t >= 0 else self._under_mask(sampler, x, summary, mask)
+
+    def _best_allowed(self, sampler, x, t: int) -> int:
+        """Greedy: the best token if the grammar takes it, else the first of the step's best
+        candidates it takes (up to ASK_MAX; that is the best allowed token), consumed; -1: none."""
+        m = self.matcher
+        if m.try_consume_tokens([t]) == 1:
+            return t
+        p = sampler.candidates(x)
+        for j in range(1, min(p.n_cand, self.ASK_MAX)):
+            if m.try_consume_tokens([p.ids[j]]) == 1:
+                return p.ids[j]
+        self._raise_if_error()
+        return -1
+
+    def _draw_allowed(self, sampler, x, t: int, sure: bool):
+        """Sampling by rejection: draw t (and up to DRAWS - 1 more) is taken when the grammar
+        allows it and the chain over the allowed tokens keeps it: `sure` from its place among the
+        best, else decided from the grammar's answers for the best candidates (_decide), else by
+        the mask. Exact in distribution (csrc/sampling/sampling.c). When the draws are refused,
+        those answers may determine the constrained draw itself (Sampler.draw_known). Returns
+        (the token, consumed, or -1; the mask if one was computed)."""
+        m, known = self.matcher, 0
+        for attempt in range(self.DRAWS):
             if attempt:
                 t, sure = sampler.redraw(x)
             if sure:
                 if m.try_consume_tokens([t]) == 1:
-                    return t
+                    return t, None
                 self._raise_if_error()
                 continue
             kept, known = self._decide(sampler, known)
             if kept == 1 and m.consume_token(t):
-                return t
+                return t, None
             if kept == -1:   # undecided: the mask decides it
                 mask = self._mask()
                 if self._allows(t) and sampler.keeps(x, mask, t) and m.consume_token(t):
-                    return t
-                break
-        else:
-            if sampler.params.temperature > 0:   # the draws were refused: the grammar's answers
-                known = self._ask(sampler, known, min(sampler.proposal.n_cand, self.ASK_MAX))
-                t = sampler.draw_known(self._flags, known)   # for the best may decide it
-                if t >= 0 and m.consume_token(t):
-                    return t
+                    return t, None
+                return -1, mask
+        known = self._ask(sampler, known, min(sampler.proposal.n_cand, self.ASK_MAX))
+        t = sampler.draw_known(self._flags, known)
+        if t >= 0 and m.consume_token(t):
+            return t, None
+        self._raise_if_error()
+        return -1, None
+
+    def _under_mask(self, sampler, x, summary, mask) -> int:
+        """The choice under the vocabulary's mask (computed now unless given), applied in C."""
         self._raise_if_error()
         if mask is None:
             mask = self._mask()
         if lib.pd_mask_count(mask, self.n_vocab) == 0:
             self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: no token is allowed here (the grammar is at a dead end)")
-        t = sampler.sample_masked(x, mask, self, (), summary if x is logits else None)
-        if not m.consume_token(t):
+        t = sampler.sample_masked(x, mask, self, (), summary)
+        if not self.matcher.consume_token(t):
             self._raise_if_error()
             raise ConstraintError(f"{self.grammar.what}: token {t} was refused after the mask allowed it")
         return t
-
-    ASK = 16          # candidates the grammar is asked about at a time, when a draw is not sure
-    ASK_MAX = 64      # ... before a mask is computed instead
 
     def _ask(self, sampler, known: int, want: int) -> int:
         """The grammar's answers (allowed or not) for the proposal's candidates known..want-1,
