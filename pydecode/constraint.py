@@ -297,7 +297,7 @@ class Constraint:
             self.cost_s += time.perf_counter() - t0
 
     DRAWS = 4         # sampling's draws without the mask before one is computed
-    ASK = 16          # candidates the grammar is asked about at a time, when a draw is not sure
+    ASK = 4           # candidates the grammar is asked about first, when a draw is not sure (then 2x)
     ASK_MAX = 64      # ... before a mask is computed instead
 
     def _choose(self, logits, sampler, recent, summary) -> int:
@@ -400,7 +400,7 @@ class Constraint:
             kept = sampler.proposal_keeps(self._flags, known)
             if kept != -1 or known >= min(p.n_cand, max(self.ASK_MAX, p.index + 1)):
                 return kept, known
-            want = min(p.n_cand, known + self.ASK)
+            want = min(p.n_cand, 2 * known)
 
     def masked_logits(self, logits: np.ndarray, mask) -> np.ndarray:
         """A copy of logits with every token the mask refuses at -inf (in C)."""
