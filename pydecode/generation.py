@@ -215,6 +215,7 @@ class TokenPolicy:
         # Structured output (pydecode/constraint.py): the matcher that masks each step's choice
         # and forces the tokens the grammar leaves no choice about.
         self.constraint = constraint
+        self._cut = False                  # a forced run was cut short (max_tokens, the context, a stop)
 
     def start(self) -> list[Piece]:
         """The pieces of the tokens a constraint forces before anything is sampled (they are
@@ -279,11 +280,16 @@ class TokenPolicy:
 
     def _force(self, forced: list[int], pos: int, out: list[Piece]) -> None:
         """Emits the tokens a constraint forced (the first to be decoded at pos), up to max_tokens
-        and the context."""
+        and the context. A run cut short leaves the grammar ahead of the text: the output is then
+        incomplete. A run that completes the grammar needs no decoding (the caller ends it)."""
         for k, t in enumerate(forced):
-            finish = should_stop(t, len(self.tokens) + 1, self.max_tokens, pos + k + 1, self.n_ctx, frozenset())
+            last = k == len(forced) - 1
+            finish = None if last and self.constraint.done else should_stop(
+                t, len(self.tokens) + 1, self.max_tokens, pos + k, self.n_ctx, frozenset())
+            self._cut = not last   # (read by finish(), if this token ends the generation)
             if self._emit(t, None, out) or (finish and self._ended(finish, out)):
                 return
+        self._cut = False
 
     def end(self, reason: str, detail: str) -> list[Piece]:
         """Ends the generation now: text held back (an incomplete character, a possible stop
@@ -310,7 +316,7 @@ class TokenPolicy:
             if c is not None:
                 st = self.stats
                 st.constraint_s, st.masks, st.mask_s, st.forced_tokens = c.cost_s, c.masks, c.mask_s, c.forced_tokens
-                complete = c.accepting and not detail.startswith("stop string")
+                complete = c.accepting and not self._cut and not detail.startswith("stop string")
                 if not complete and reason == "length":
                     detail += f" (the output is incomplete: the {c.grammar.what} is not finished)"
             self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,

@@ -183,7 +183,9 @@ def test_draw_first_decisions_agree_with_the_mask(smol):
     order = np.argsort(-logits, kind="stable")
     checked = decided = drawn = 0
     for params in (dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.8, top_p=0.7, min_p=0.05),
-                   dict(temperature=2.0, top_k=8), dict(temperature=1.0, top_p=0.5)):
+                   dict(temperature=2.0, top_k=8), dict(temperature=1.0, top_p=0.5),
+                   # weights relative to the best token underflow when the grammar refuses it
+                   dict(temperature=0.001), dict(temperature=0.001, top_k=40, min_p=0.1)):
         sp = SamplingParams(seed=1, **params)
         s = Sampler(sp, m.n_vocab)
         top_k, _, inv_t, top_p, min_p = s._fast_args
@@ -214,7 +216,7 @@ def test_draw_first_decisions_agree_with_the_mask(smol):
                         assert got == lib.pd_sample_allowed(_ptr(logits, "float *"), m.n_vocab, _ptr(w, "uint32_t *"),
                                                             top_k, 256, inv_t, top_p, min_p, u), (params, density, n_known)
                 checked += 1
-    assert checked == 4 * 4 * 60 and decided > checked and drawn > checked
+    assert checked == 6 * 4 * 60 and decided > checked and drawn > checked
 
 
 # ---------------------------------------------------------------- forced runs, the engine, limits
@@ -273,6 +275,12 @@ def test_stop_strings_still_work(smol):
 
 def test_choices_of_one_end_before_any_step(smol):
     c = smol.generate("x", 8, choices=["only this"])
+    assert c.text == "only this" and c.finish_reason == "stop" and c.complete
+    n = len(c.tokens)
+    assert n > 1
+    c = smol.generate("x", n - 1, choices=["only this"])   # the forced run cut by max_tokens
+    assert c.finish_reason == "length" and c.complete is False and len(c.tokens) == n - 1
+    c = smol.generate("x", n, choices=["only this"])       # ... or just complete at it
     assert c.text == "only this" and c.finish_reason == "stop" and c.complete
 
 

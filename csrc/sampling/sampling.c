@@ -398,6 +398,14 @@ int pd_sample_propose(const float *x, int n, int top_k, float inv_t, double top_
     return p->token;
 }
 
+/* The most the tokens past the first `known` mass (all relative to the best) may weigh, given
+ * the vocabulary's exp-sum z (0: the candidates, `total`, are all of it). z is a float-lane sum
+ * (pd_sum_exp, or the summary's chunk sums): its rounding stays far below the 1% allowed here. */
+static double unknown_mass(double z, double total, double known) {
+    const double zz = (z > total ? z : total) * 1.01;
+    return zz - known > 0.0 ? zz - known : 0.0;
+}
+
 /* The exact decision from the grammar's answers for the first n_known candidates, when the
  * draw was not sure: its rank among the allowed (top-k), the best allowed (min-p) and the
  * allowed mass above it (top-p) are then known; top-p's normalizer lies between the known
@@ -434,9 +442,8 @@ int pd_proposal_keeps(const pd_proposal *p, const int8_t *allowed, int n_known, 
     } else {           /* all allowed mass: the unknown part at most the rest of the vocabulary's */
         double total = known;
         for (int j = n_known; j < k; j++) total += exp(((double)p->vals[j] - v0) * inv_t);
-        const double z = p->z > total ? p->z : total;
         zlo = known_allowed;
-        zhi = known_allowed + (z - known > 0.0 ? z - known : 0.0);
+        zhi = known_allowed + unknown_mass(p->z, total, known);
     }
     if (above < top_p * zlo) return 1;
     if (above >= top_p * zhi) return 0;
@@ -455,26 +462,30 @@ int pd_proposal_draw_known(const pd_proposal *p, const int8_t *allowed, int n_kn
     if (!p || !allowed) return -1;
     const int k = p->n_cand;
     if (n_known <= 0 || n_known > k || k > PD_SUMM_K) return -1;
-    const double v0 = p->vals[0];
-    double w[PD_SUMM_K], known = 0.0, total = 0.0;
+    /* Weights relative to the best allowed token (relative to the vocabulary's best they can
+     * all underflow to 0 at a low temperature when the grammar refuses the best by far). */
+    int a0 = 0;
+    while (a0 < n_known && !allowed[a0]) a0++;
+    if (a0 == n_known) return -1;
+    const double v0 = p->vals[0], va = p->vals[a0];
+    double w[PD_SUMM_K], known0 = 0.0, total0 = 0.0;   /* (known0, total0: relative to v0) */
     int at[PD_SUMM_K], n = 0;
     for (int j = 0; j < k; j++) {
         const double wj = exp(((double)p->vals[j] - v0) * inv_t);
-        total += wj;
+        total0 += wj;
         if (j >= n_known) continue;
-        known += wj;
-        if (allowed[j]) { w[n] = wj; at[n++] = j; }
+        known0 += wj;
+        if (allowed[j]) { w[n] = exp(((double)p->vals[j] - va) * inv_t); at[n++] = j; }
     }
-    if (n == 0) return -1;
     const int none_unknown = n_known == k && p->z == 0.0;   /* the candidates are the vocabulary */
-    const double wnext = none_unknown ? 0.0 : exp(((double)p->vals[n_known < k ? n_known : k - 1] - v0) * inv_t);
+    const double wnext = none_unknown ? 0.0 : exp(((double)p->vals[n_known < k ? n_known : k - 1] - va) * inv_t);
     int base = n;                               /* the known part of the chain's base set */
     double unknown = 0.0;                       /* what the unknown tokens may add to its mass */
     if (top_k > 0) {
         if (n >= top_k) base = top_k; else unknown = (top_k - n) * wnext;
     } else if (!none_unknown) {
-        const double z = p->z > total ? p->z : total;
-        unknown = z - known > 0.0 ? z - known : 0.0;
+        unknown = unknown_mass(p->z, total0, known0) * exp(((double)v0 - va) * inv_t);
+        if (!isfinite(unknown)) return -1;
     }
     double zlo = 0.0;
     for (int j = 0; j < base; j++) zlo += w[j];
