@@ -209,22 +209,24 @@ class Sampler:
         u = self.uniform()
         if summary is not None and summary.summary_propose(top_k, top_p, min_p, u, p) >= 0:
             return p.token, bool(p.sure)
+        self._propose_from(logits, top_k, inv_t, top_p, min_p, u)
+        return p.token, bool(p.sure)
+
+    def _propose_from(self, logits: np.ndarray, top_k: int, inv_t: float, top_p: float, min_p: float,
+                      u: float) -> None:
+        """pd_sample_propose into `proposal`: its candidates and draw read from the logits."""
         x = np.ascontiguousarray(logits, dtype=np.float32)
         if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, top_k, inv_t, top_p, min_p,
-                                 u, p) < 0:
+                                 u, self.proposal) < 0:
             raise MemoryError("sampling scratch memory could not be allocated")
-        return p.token, bool(p.sure)
 
     def candidates(self, logits: np.ndarray):
         """The proposal with this step's best candidates, best first (ties: the lower id first,
         as argmax): greedy's when `propose` had no summary to take them from."""
-        p = self.proposal
         if not self._fresh:
-            x = np.ascontiguousarray(logits, dtype=np.float32)
-            if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, 0, 1.0, 1.0, 0.0, 0.0, p) < 0:
-                raise MemoryError("sampling scratch memory could not be allocated")
+            self._propose_from(logits, 0, 1.0, 1.0, 0.0, 0.0)
             self._fresh = True
-        return p
+        return self.proposal
 
     def redraw(self, logits: np.ndarray) -> tuple[int, bool]:
         """Another `propose` from the same step's logits, with the next uniform: over the
@@ -234,10 +236,7 @@ class Sampler:
         u = self.uniform()
         p = self.proposal
         if lib.pd_draw_untruncated(p, inv_t, top_k, top_p, min_p, u, ffi.NULL) < 0:
-            x = np.ascontiguousarray(logits, dtype=np.float32)
-            if lib.pd_sample_propose(ffi.cast("float *", x.ctypes.data), self.n_vocab, top_k, inv_t, top_p, min_p,
-                                     u, p) < 0:
-                raise MemoryError("sampling scratch memory could not be allocated")
+            self._propose_from(logits, top_k, inv_t, top_p, min_p, u)
         return p.token, bool(p.sure)
 
     def draw_known(self, allowed, n_known: int) -> int:
@@ -293,7 +292,7 @@ class Sampler:
 def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=()) -> int:
     """Chooses the next token from one step's logits (see the module docstring for the chain)."""
     p = params
-    x = apply_penalties(logits, recent, p) if p.penalized and len(recent) else logits
+    x = sampler.penalize(logits, recent)
     if p.temperature == 0:
         return int(np.argmax(x))
     x = np.ascontiguousarray(x, dtype=np.float32)

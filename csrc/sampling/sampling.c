@@ -309,25 +309,35 @@ int pd_mask_count(const uint32_t *mask, int n) {
 
 static _Thread_local scratch s_allowed_id, s_allowed_val;
 
-int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, int first, float inv_t,
-                      double top_p, double min_p, double u01) {
-    if (!x || !mask || n <= 0) return -1;
+/* The mask's allowed tokens gathered, ids ascending (top-k's ties keep the lower id), with their
+ * logits, into this thread's scratch: how many (-1: out of memory, or none allowed). */
+static int gather_allowed(const float *x, int n, const uint32_t *mask, int32_t **ids, float **vals) {
     const int c = pd_mask_count(mask, n);
     if (c <= 0) return -1;
-    int32_t *ids = scratch_get(&s_allowed_id, (size_t)c * sizeof *ids);
-    float *vals = scratch_get(&s_allowed_val, (size_t)c * sizeof *vals);
-    if (!ids || !vals) return -1;
+    *ids = scratch_get(&s_allowed_id, (size_t)c * sizeof **ids);
+    *vals = scratch_get(&s_allowed_val, (size_t)c * sizeof **vals);
+    if (!*ids || !*vals) return -1;
     int m = 0;
-    for (int w = 0; w < (n + 31) / 32; w++) {   /* ids ascending: top-k's ties keep the lower id */
+    for (int w = 0; w < (n + 31) / 32; w++) {
         uint32_t bits = mask[w];
         while (bits) {
             const int i = w * 32 + __builtin_ctz(bits);
             bits &= bits - 1;
             if (i >= n) break;
-            ids[m] = i;
-            vals[m++] = x[i];
+            (*ids)[m] = i;
+            (*vals)[m++] = x[i];
         }
     }
+    return m;
+}
+
+int pd_sample_allowed(const float *x, int n, const uint32_t *mask, int top_k, int first, float inv_t,
+                      double top_p, double min_p, double u01) {
+    if (!x || !mask || n <= 0) return -1;
+    int32_t *ids;
+    float *vals;
+    const int m = gather_allowed(x, n, mask, &ids, &vals);
+    if (m <= 0) return -1;
     const int j = pd_sample_truncated(vals, m, top_k > 0 && top_k < m ? top_k : 0, first, inv_t, top_p, min_p, u01);
     return j >= 0 ? ids[j] : j;
 }
@@ -535,42 +545,25 @@ int pd_proposal_draw_known(const pd_proposal *p, const int8_t *allowed, int n_kn
 int pd_sample_allowed_keeps(const float *x, int n, const uint32_t *mask, int token, int top_k, float inv_t,
                             double top_p, double min_p) {
     if (!x || !mask || n <= 0 || token < 0 || token >= n || !allowed(mask, token)) return 0;
-    const int c = pd_mask_count(mask, n);
-    float *vals = scratch_get(&s_allowed_val, (size_t)c * sizeof *vals);
-    if (!vals) return -1;
+    int32_t *ids;
+    float *vals;
+    const int m = gather_allowed(x, n, mask, &ids, &vals);
+    if (m <= 0) return -1;
     const float xy = x[token];
     float vmax = -INFINITY;
-    int m = 0, rank = 0;
-    for (int wd = 0; wd < (n + 31) / 32; wd++) {
-        uint32_t bits = mask[wd];
-        while (bits) {
-            const int i = wd * 32 + __builtin_ctz(bits);
-            bits &= bits - 1;
-            if (i >= n) break;
-            const float v = x[i];
-            vals[m++] = v;
-            vmax = v > vmax ? v : vmax;
-            rank += v > xy || (v == xy && i < token);
-        }
+    int rank = 0;   /* the allowed ranked above it: larger values, or equal ones with lower ids */
+    for (int i = 0; i < m; i++) {
+        vmax = vals[i] > vmax ? vals[i] : vmax;
+        rank += vals[i] > xy || (vals[i] == xy && ids[i] < token);
     }
     const int bounded = top_k > 0 && top_k < m;
     if (bounded && rank >= top_k) return 0;
     const double wy = exp(((double)xy - vmax) * inv_t);
     if (min_p > 0.0 && !(wy >= min_p)) return 0;
     if (top_p >= 1.0 || rank == 0) return 1;
-    /* the allowed mass ranked above it: larger values (a few, as a rule), then equal ones with lower ids */
-    double above = 0.0, z;
+    double above = 0.0, z;   /* their mass */
     for (int i = 0; i < m; i++)
-        if (vals[i] > xy) above += exp(((double)vals[i] - vmax) * inv_t);
-    for (int wd = 0; wd <= token / 32; wd++) {
-        uint32_t bits = mask[wd];
-        while (bits) {
-            const int i = wd * 32 + __builtin_ctz(bits);
-            bits &= bits - 1;
-            if (i >= token) break;
-            if (x[i] == xy) above += wy;
-        }
-    }
+        if (vals[i] > xy || (vals[i] == xy && ids[i] < token)) above += exp(((double)vals[i] - vmax) * inv_t);
     if (bounded) {   /* top-p's mass is the allowed top-k's */
         int32_t *tid = scratch_get(&s_ids, (size_t)top_k * sizeof *tid);
         float *tv = scratch_get(&s_vals, (size_t)top_k * sizeof *tv);

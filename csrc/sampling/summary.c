@@ -70,14 +70,15 @@ static void radix_sort64(uint64_t *a, uint64_t *tmp, int n) {
 }
 
 /* The lists' candidates merged, best first, as rank keys (room for 2x: the sort's scratch), and
- * room for their values: the count, or -1 (none, or no memory; nothing to free then). */
+ * (vals not NULL) room for their values: the count, or -1 (none, or no memory; nothing to free
+ * then). */
 static int summ_merge(const pd_summ_list *lists, int n_lists, uint64_t **key, float **vals) {
     int total = 0;
     for (int t = 0; t < n_lists; t++) total += lists[t].n;
     if (total < 1) return -1;
     *key = malloc((size_t)total * 2 * sizeof **key);
-    *vals = malloc((size_t)total * sizeof **vals);
-    if (!*key || !*vals) { free(*key); free(*vals); return -1; }
+    if (vals) *vals = malloc((size_t)total * sizeof **vals);
+    if (!*key || (vals && !*vals)) { free(*key); if (vals) free(*vals); return -1; }
     int n = 0;
     for (int t = 0; t < n_lists; t++)
         for (int i = 0; i < lists[t].n; i++) (*key)[n++] = rank_key(lists[t].val[i], lists[t].id[i]);
@@ -137,8 +138,7 @@ int pd_summ_propose(const pd_summ_list *lists, int n_lists, const float *cmax, c
                     int n_vocab, int top_k, float inv_t, double top_p, double min_p, double u01, pd_proposal *p) {
     if (!lists || n_lists < 1 || n_vocab < 1 || !p) return -1;
     uint64_t *key;
-    float *vals;
-    int n = summ_merge(lists, n_lists, &key, &vals), rc = -1;
+    int n = summ_merge(lists, n_lists, &key, NULL), rc = -1;
     if (n < 0) return -1;
     const int k = PD_SUMM_K < n_vocab ? PD_SUMM_K : n_vocab;
     if (n >= k) {
@@ -151,7 +151,6 @@ int pd_summ_propose(const pd_summ_list *lists, int n_lists, const float *cmax, c
         if (pd_draw_untruncated(p, inv_t, top_k, top_p, min_p, u01, NULL) >= 0) rc = p->token;
     }
     free(key);
-    free(vals);
     return rc;
 }
 
