@@ -15,10 +15,13 @@ from conformance import tokenizer_dir
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # Every byte-level BPE (tokenizer.ggml.model = gpt2) vocabulary of the suite.
-BPE_VOCABS = ["gpt-2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", "starcoder",
-              "falcon", "refact", "mpt"]
+BPE_VOCABS = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-coder", "deepseek-llm",
+              "starcoder", "falcon", "refact", "mpt"]
 # Every SentencePiece (tokenizer.ggml.model = llama) vocabulary of the suite.
 SPM_VOCABS = ["llama-spm", "phi-3"]
+# BPE merges over SentencePiece-spelt text (tokenizer.ggml.model = gemma4).
+SPACE_ESCAPED_BPE_VOCABS = ["gemma-4"]
+ALL_VOCABS = BPE_VOCABS + SPM_VOCABS + SPACE_ESCAPED_BPE_VOCABS
 
 ROUND_TRIP_TEXTS = [
     "Hello, world! It's 2024; isn't it?",
@@ -47,11 +50,13 @@ def vocab_tokenizer(name: str) -> Tokenizer:
 
 
 def conformance_cases(name: str) -> list[tuple[str, list[int]]]:
-    """(text, expected ids) pairs: the .inp file holds the strings, each followed by the line
-    __ggml_vocab_test__; the .out file one line of space-separated ids per string."""
-    texts = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
-    assert texts[-1] == "", "the .inp file must end with a separator"
-    texts = texts[:-1]
+    """(text, expected ids) pairs: the .inp file holds the strings, separated by the line
+    __ggml_vocab_test__ (after the last one too, except in gemma-4's file: llama.cpp's reader,
+    test-tokenizer-0.cpp, takes both); the .out file one line of space-separated ids per string."""
+    with open(tokenizer_dir() / f"ggml-vocab-{name}.gguf.inp", encoding="utf-8", newline="") as f:
+        texts = f.read().split(SEPARATOR)
+    if texts[-1] == "":
+        texts = texts[:-1]
     lines = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == len(texts), f"{name}: .inp/.out counts differ"
     return [(text, [int(x) for x in line.split()]) for text, line in zip(texts, lines)]
@@ -59,7 +64,7 @@ def conformance_cases(name: str) -> list[tuple[str, list[int]]]:
 
 # ------------------------------------------------------------------ llama.cpp conformance
 
-@pytest.mark.parametrize("name", BPE_VOCABS + SPM_VOCABS)
+@pytest.mark.parametrize("name", ALL_VOCABS)
 def test_llama_cpp_conformance(name):
     """Every string of llama.cpp's test-tokenizer-0 gives exactly llama.cpp's ids."""
     tok = vocab_tokenizer(name)
@@ -72,7 +77,7 @@ def test_llama_cpp_conformance(name):
     assert not failures, f"{name}: {len(failures)}/{len(cases)} strings differ:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("name", BPE_VOCABS + SPM_VOCABS)
+@pytest.mark.parametrize("name", ALL_VOCABS)
 def test_conformance_strings_round_trip(name):
     tok = vocab_tokenizer(name)
     for text, expected in conformance_cases(name):
@@ -84,12 +89,14 @@ def test_every_vocab_of_the_suite_is_tested():
               for p in tokenizer_dir().glob("ggml-vocab-*.gguf")}
     assert {name for name, model in models.items() if model == "gpt2"} == set(BPE_VOCABS)
     assert {name for name, model in models.items() if model == "llama"} == set(SPM_VOCABS)
-    assert set(models.values()) == {"gpt2", "llama"}
+    assert {name for name, model in models.items() if model == "gemma4"} == set(SPACE_ESCAPED_BPE_VOCABS)
+    assert set(models.values()) == {"gpt2", "llama", "gemma4"}
 
 
 # ------------------------------------------------------------------ round trips, specials
 
-@pytest.mark.parametrize("name", ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"])
+@pytest.mark.parametrize("name", ["gpt-2", "llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3",
+                                  "gemma-4"])
 @pytest.mark.parametrize("text", ROUND_TRIP_TEXTS)
 def test_round_trip(name, text):
     tok = vocab_tokenizer(name)
@@ -120,6 +127,55 @@ def test_bos_and_control_tokens_llama3():
     assert not any(tok.is_special(i) for i in plain) and tok.decode(plain) == text
     assert tok.is_special(128009) and not tok.is_special(plain[0])
     assert {128001, 128009} <= tok.eog_ids  # <|end_of_text|> (eos) and <|eot_id|>
+
+
+def test_gemma4_flags_specials_and_eog():
+    tok = vocab_tokenizer("gemma-4")
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == (2, 1, True, False)
+    # <eos>, <turn|> and <|tool_response> end a generation; </s> is a normal token there.
+    assert tok.eog_ids == {1, 106, 50}
+    assert tok.encode("</s>", add_special=False) != [212] and not tok.is_special(212)
+    text = "<|turn>user\nHi there<turn|>\n<|turn>model\n"
+    ids = tok.encode(text)
+    assert ids == [2, 105, 2364, 107, 10979, 993, 106, 107, 105, 4368, 107]
+    assert tok.decode(ids) == "<bos>" + text and tok.decode(ids, skip_special=True) == "user\nHi there\nmodel\n"
+    # No space prefix; spaces are U+2581 inside tokens; a newline run is one token when it is one.
+    assert tok.encode("Hello", add_special=False) == [9259]
+    assert tok.token_bytes(tok.encode(" Hello", add_special=False)[0]) == b" Hello"
+    assert tok.encode("\n\n\n", add_special=False) == [109]
+    # A character outside the vocabulary: its UTF-8 bytes as <0xNN> tokens, streamed whole.
+    ids = tok.encode("a \U0001f999 b", add_special=False)
+    assert [tok.token_bytes(i) for i in ids[2:6]] == [bytes([b]) for b in "\U0001f999".encode()]
+    dec = tok.decoder()
+    assert [dec.feed(i) for i in ids] == ["a", " ", "", "", "", "\U0001f999", " b"]
+
+
+def _harmony_meta() -> dict:
+    """The byte vocabulary plus OpenAI harmony's markers, typed control as in gpt-oss files."""
+    marks = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+             "<|constrain|>", "<|endoftext|>"]
+    return _tiny_meta(**{"tokenizer.ggml.tokens": _gpt2_byte_chars() + marks,
+                         "tokenizer.ggml.token_type": [1] * 256 + [3] * len(marks),
+                         "tokenizer.ggml.eos_token_id": 256 + 4})
+
+
+def test_harmony_end_markers_like_llama_cpp():
+    tok = Tokenizer.from_metadata(_harmony_meta())
+    start, channel, message, end, ret, call, constrain, eot = range(256, 264)
+    # <|return|> and <|call|> end a generation; <|end|> only closes the analysis message.
+    assert tok.eog_ids == {ret, call, eot}
+    # The structure markers are shown as text (skip_special keeps them) so that the reasoning
+    # parser can read the channels, and they match in text like user-defined tokens.
+    text = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>4"
+    ids = tok.encode(text, add_special=False)
+    assert [i for i in ids if i >= 256] == [channel, message, end, start, channel, message]
+    assert tok.decode(ids + [ret], skip_special=True) == text
+    assert all(tok.is_special(i) for i in (start, channel, message, end, constrain))
+    # Without both harmony ends (Phi-3 has <|end|>), <|end|> stays an end-of-generation control.
+    meta = _harmony_meta()
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"][:260] + ["x1", "x2", "x3", "x4"]
+    phi = Tokenizer.from_metadata(meta)
+    assert end in phi.eog_ids and phi.decode([end], skip_special=True) == ""
 
 
 def test_user_defined_tokens_match_even_without_parse_special():

@@ -19,14 +19,43 @@ from __future__ import annotations
 import os
 import re
 
-from .bpe import _PRE_TOKENIZERS, _ByteLevelBPE
+from .bpe import _PRE_TOKENIZERS, _ByteLevelBPE, _SpaceEscapedBPE
 from .common import BYTE, CONTROL, EOG_MARKERS, NORMAL, UNKNOWN, USER_DEFINED, TokenizerError
 from .incremental import IncrementalDecoder
 from .spm import _SentencePiece
 
 __all__ = ["Tokenizer", "TokenizerError", "IncrementalDecoder", "EOG_MARKERS"]
 
-_BACKENDS = {"gpt2": _ByteLevelBPE, "llama": _SentencePiece}
+_BACKENDS = {"gpt2": _ByteLevelBPE, "llama": _SentencePiece, "gemma4": _SpaceEscapedBPE}
+
+
+def _end_of_generation(eog: set[int], vocab: dict[str, int], types: list[int]) -> frozenset[int]:
+    """The ids that end a generation: the metadata's (eos, eot, eom) and every end marker the
+    vocabulary has, with llama.cpp's corrections by family; retypes `types` as llama.cpp does.
+
+    - An end marker is a control token even if mis-typed as normal.
+    - OpenAI harmony (gpt-oss): with <|return|> and <|call|> present, <|end|> only closes a
+      message (the analysis one, before the final answer), so it is not an end and is shown as
+      text; so are <|start|> <|channel|> <|message|> <|constrain|>, which the reasoning parser
+      (pydecode/chat/reasoning.py) reads in the generated text.
+    - Gemma 4 (<|tool_response> present): </s> is a normal token, not an end.
+    """
+    for text in EOG_MARKERS:
+        tid = vocab.get(text)
+        if tid is not None:
+            eog.add(tid)
+            types[tid] = CONTROL
+    ids = {text: vocab.get(text) for text in ("<|return|>", "<|call|>", "<|end|>",
+                                              "<|tool_response>", "</s>")}
+    if ids["<|return|>"] is not None and ids["<|call|>"] is not None:
+        for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"):
+            if text in vocab:
+                types[vocab[text]] = USER_DEFINED
+        eog.discard(ids["<|end|>"])
+    if ids["<|tool_response>"] is not None and ids["</s>"] is not None:
+        eog.discard(ids["</s>"])
+        types[ids["</s>"]] = NORMAL
+    return frozenset(eog)
 
 
 class Tokenizer:
@@ -84,15 +113,9 @@ class Tokenizer:
                 raise TokenizerError(f"tokenizer.ggml.add_{what}_token is set but "
                                      f"tokenizer.ggml.{what}_token_id is missing or out of range")
 
-        eog = {self.eos_id, token_id("tokenizer.ggml.eot_token_id"),
-               token_id("tokenizer.ggml.eom_token_id")} - {None}
-        for text in EOG_MARKERS:
-            tid = vocab.get(text)
-            if tid is not None:
-                eog.add(tid)
-                # Like llama.cpp: an end marker is a control token even if mis-typed as normal.
-                types[tid] = CONTROL
-        self.eog_ids = frozenset(eog)
+        self.eog_ids = _end_of_generation(
+            {self.eos_id, token_id("tokenizer.ggml.eot_token_id"),
+             token_id("tokenizer.ggml.eom_token_id")} - {None}, vocab, types)
 
         self._tokens = tokens
         self._types = types
