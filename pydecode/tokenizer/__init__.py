@@ -34,10 +34,10 @@ def _end_of_generation(eog: set[int], vocab: dict[str, int], types: list[int]) -
     vocabulary has, with llama.cpp's corrections by family; retypes `types` as llama.cpp does.
 
     - An end marker is a control token even if mis-typed as normal.
-    - OpenAI harmony (gpt-oss): with <|return|> and <|call|> present, <|end|> only closes a
-      message (the analysis one, before the final answer), so it is not an end and is shown as
-      text; so are <|start|> <|channel|> <|message|> <|constrain|>, which the reasoning parser
-      (pydecode/chat/reasoning.py) reads in the generated text.
+    - OpenAI harmony (gpt-oss): <|start|> <|channel|> <|message|> <|constrain|> are shown as
+      text (user-defined), for the reasoning parser (pydecode/chat/reasoning.py) to read the
+      channels in the generated text; with <|return|> and <|call|> present, <|end|> only closes
+      a message (the analysis one, before the final answer): not an end, and shown as text too.
     - Gemma 4 (<|tool_response> present): </s> is a normal token, not an end.
     """
     for text in EOG_MARKERS:
@@ -45,12 +45,13 @@ def _end_of_generation(eog: set[int], vocab: dict[str, int], types: list[int]) -
         if tid is not None:
             eog.add(tid)
             types[tid] = CONTROL
+    for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+        if text in vocab:
+            types[vocab[text]] = USER_DEFINED
     ids = {text: vocab.get(text) for text in ("<|return|>", "<|call|>", "<|end|>",
                                               "<|tool_response>", "</s>")}
-    if ids["<|return|>"] is not None and ids["<|call|>"] is not None:
-        for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"):
-            if text in vocab:
-                types[vocab[text]] = USER_DEFINED
+    if ids["<|return|>"] is not None and ids["<|call|>"] is not None and ids["<|end|>"] is not None:
+        types[ids["<|end|>"]] = USER_DEFINED
         eog.discard(ids["<|end|>"])
     if ids["<|tool_response>"] is not None and ids["</s>"] is not None:
         eog.discard(ids["</s>"])
