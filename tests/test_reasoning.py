@@ -2,6 +2,7 @@
 gpt-oss's harmony channels, whole and streamed in every cut, the format chosen from the
 template, the history a ChatSession keeps (the templates drop the reasoning as they say), and
 the server's reasoning_content. No model needed: the session runs over a stand-in LLM."""
+import json
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,91 @@ def test_server_shapes():
     assert assistant_message("why", "4") == {"role": "assistant", "content": "4", "reasoning_content": "why"}
     assert oai.chat_delta(REASONING, "a") == {"reasoning_content": "a"}
     assert oai.chat_delta(CONTENT, "b") == {"content": "b"}
+
+
+@pytest.mark.parametrize("colour", [True, False])
+def test_terminal_view_shows_reasoning_dimmed_then_the_answer(colour):
+    from pydecode.cli.terminal import ReasoningView, Style, WordWrapper
+
+    out = []
+    view = ReasoningView(WordWrapper(out.append, 20), out.append, Style(colour))
+    for kind, text in split_parts("<think>\nsome long reasoning here\n</think>\n\nThe answer."):
+        (view.reasoning if kind == REASONING else view.content)(text)
+    view.close()
+    view.wrap.flush()
+    text = "".join(out)
+    if colour:
+        assert text == "\033[2msome long reasoning\nhere\033[0m\n\nThe answer."
+    else:
+        assert text == "[thinking]\nsome long reasoning\nhere\n[/thinking]\n\nThe answer."
+    # A reasoning cut off before any answer is closed too.
+    out.clear()
+    view = ReasoningView(WordWrapper(out.append, None), out.append, Style(colour))
+    view.reasoning("half")
+    view.close()
+    assert "".join(out) == ("\033[2mhalf\033[0m\n\n" if colour else "[thinking]\nhalf\n[/thinking]\n\n")
+
+
+def split_parts(text, fmt=THINK):
+    s = ReasoningSplitter(fmt)
+    return s.feed(text) + s.flush()
+
+
+# ------------------------------------------------------------------ the server, in process
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory):
+    """The server's app over a tiny random model given Qwen3's (or gpt-oss's) template; a grammar
+    makes it say what the test needs (its vocabulary is the bytes: the markers are spelt out)."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    import pydecode
+    from pydecode.server import ServerState, create_app
+    from tiny_models import write_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    write_tiny_model(path, "llama", n_layer=2)
+    llm = pydecode.load(str(path), n_ctx=1024, n_threads=1)   # gpt-oss's system prompt, spelt in bytes
+    state = ServerState("tiny")
+    llm.engine.start()
+    state.ready(llm)
+    with TestClient(create_app(state)) as client:
+        yield llm, client
+    llm.close()
+
+
+def _gbnf(text):
+    return "root ::= " + '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+@pytest.mark.parametrize("template, said, opened", [
+    (QWEN3, "<think>\nhm, 2+2\n</think>\n\nFour.", False),
+    (QWEN35, "hm, 2+2\n</think>\n\nFour.", True),
+    (GPT_OSS, "<|channel|>analysis<|message|>hm, 2+2<|end|><|start|>assistant<|channel|>final<|message|>Four.", False),
+])
+def test_server_returns_reasoning_content_beside_content(reasoning_server, template, said, opened):
+    llm, client = reasoning_server
+    llm.model.gguf.metadata["tokenizer.chat_template"] = template
+    llm.__dict__.pop("_reasoning_format", None)
+    assert opens_reasoning(llm.chat_prompt([{"role": "user", "content": "2+2?"}]), llm.reasoning_format) == opened
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 120, "grammar": _gbnf(said)}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Four.", "reasoning_content": "hm, 2+2"}
+    assert choice["finish_reason"] == "stop"
+
+    r = client.post("/v1/chat/completions", json={**body, "stream": True})
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "hm, 2+2"
+    assert "".join(d.get("content", "") for d in deltas) == "Four."
+    kinds = [k for d in deltas for k in d if k in ("reasoning_content", "content") and d[k]]
+    assert kinds == sorted(kinds, key=lambda k: k == "content")      # the reasoning comes first
+
+    # The answer sent back with its reasoning: the template drops it (Qwen3: before the last
+    # user message; gpt-oss: every finished turn) or keeps it, as it says.
+    history = body["messages"] + [choice["message"], {"role": "user", "content": "And 3+3?"}]
+    prompt = llm.chat_prompt(history)
+    assert "Four." in prompt and "hm, 2+2" not in prompt
