@@ -1,7 +1,8 @@
 """Reasoning shown apart (pydecode/chat/reasoning.py): the splitter over Qwen3's <think> and
 gpt-oss's harmony channels, whole and streamed in every cut, the format chosen from the
 template, the history a ChatSession keeps (the templates drop the reasoning as they say), and
-the server's reasoning_content. No model needed: the session runs over a stand-in LLM."""
+the server's reasoning_content (over a tiny random model made to reason by a grammar). No real
+model needed: the session runs over a stand-in LLM."""
 import json
 from pathlib import Path
 
