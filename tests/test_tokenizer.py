@@ -149,6 +149,9 @@ def test_gemma4_flags_specials_and_eog():
     assert [tok.token_bytes(i) for i in ids[2:6]] == [bytes([b]) for b in "\U0001f999".encode()]
     dec = tok.decoder()
     assert [dec.feed(i) for i in ids] == ["a", " ", "", "", "", "\U0001f999", " b"]
+    # Like llama.cpp, a BOS always: a file saying add_bos_token=false is overridden.
+    meta = dict(gguf_metadata(tokenizer_dir() / "ggml-vocab-gemma-4.gguf"), **{"tokenizer.ggml.add_bos_token": False})
+    assert Tokenizer.from_metadata(meta).encode("Hi") == [2, 10979]
 
 
 def _harmony_meta() -> dict:

@@ -107,6 +107,8 @@ class Tokenizer:
         # The per-model default applies only when the file says nothing and has a BOS id.
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token",
                                      backend.default_add_bos and self.bos_id is not None))
+        if getattr(backend, "always_add_bos", False) and self.bos_id is not None:
+            self.add_bos = True  # llama.cpp overrides a file's add_bos_token=false (Gemma 4)
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         for flag, tid, what in ((self.add_bos, self.bos_id, "bos"),
                                 (self.add_eos, self.eos_id, "eos")):

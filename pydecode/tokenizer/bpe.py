@@ -174,7 +174,7 @@ class _SpaceEscapedBPE:
 
     add_space_prefix = False
     default_ids: dict[str, int] = {}
-    default_add_bos = True
+    default_add_bos = always_add_bos = True
 
     def __init__(self, meta: dict, tokens: list[str], vocab: dict[str, int], cache_path=None):
         merges = meta.get("tokenizer.ggml.merges")
