@@ -10,7 +10,7 @@ import pytest
 
 from pydecode import openai_format as oai
 from pydecode.chat import ChatSession, render
-from pydecode.chat.reasoning import (CONTENT, HARMONY, REASONING, THINK, ReasoningSplitter, assistant_message,
+from pydecode.chat.reasoning import (CHANNEL, CONTENT, HARMONY, REASONING, THINK, ReasoningSplitter, assistant_message,
                                      for_template, opens_reasoning, reasoning_format, split_reasoning)
 
 TEMPLATES = Path(__file__).resolve().parent / "data" / "chat-templates"   # llama.cpp's (MIT, data/LICENSE.ggml)
@@ -18,6 +18,7 @@ QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
 QWEN35 = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
 GPT_OSS = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
 LLAMA31 = (TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
+GEMMA4 = (TEMPLATES / "google-gemma-4-31B-it.jinja").read_text()
 
 THINK_TEXT = "<think>\nThe user asks 2+2.\n\nThat is 4.\n</think>\n\nIt is **4**."
 HARMONY_TEXT = ("<|channel|>analysis<|message|>User asks 2+2. Answer 4.<|end|>"
@@ -42,6 +43,10 @@ CASES = [
      "", "{\"city\": \"Oslo\"}"),                                           # a tool call is not reasoning
     (HARMONY, False, "plain text from a confused model", "", "plain text from a confused model"),
     (None, False, "<think>not a reasoning model</think>", "", "<think>not a reasoning model</think>"),
+    (CHANNEL, False, "<|channel>thought\nThe user asks 2+2.<channel|>It is 4.", "The user asks 2+2.", "It is 4."),
+    (CHANNEL, False, "<|channel>thought\n<channel|>It is 4.", "", "It is 4."),
+    (CHANNEL, False, "It is 4.", "", "It is 4."),
+    (CHANNEL, False, "<|channel>thoughtful words<channel|>x", "ful words", "x"),   # the name goes, only it
 ]
 
 
@@ -79,6 +84,7 @@ def test_format_from_the_template_or_the_vocabulary():
     assert reasoning_format((TEMPLATES / "Qwen-QwQ-32B.jinja").read_text()) == THINK
     assert reasoning_format((TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()) == THINK
     assert reasoning_format(GPT_OSS) == HARMONY
+    assert reasoning_format(GEMMA4) == CHANNEL
     for plain in ("meta-llama-Llama-3.1-8B-Instruct", "microsoft-Phi-3.5-mini-instruct",
                   "Qwen-Qwen2.5-7B-Instruct"):
         assert reasoning_format((TEMPLATES / f"{plain}.jinja").read_text()) is None, plain
@@ -103,6 +109,9 @@ def test_prompt_that_opens_the_reasoning():
     assert not opens_reasoning(render(user, QWEN35, enable_thinking=False), THINK)
     assert not opens_reasoning(render(user, QWEN3, enable_thinking=False), THINK)
     assert not opens_reasoning("<think>", HARMONY)
+    assert not opens_reasoning(render(user, GEMMA4, bos_token="<bos>"), CHANNEL)      # closed empty
+    assert not opens_reasoning(render(user, GEMMA4, bos_token="<bos>", enable_thinking=True), CHANNEL)
+    assert opens_reasoning("<|turn>model\n<|channel>", CHANNEL)
 
 
 # ------------------------------------------------------------------ the history and the templates
@@ -173,6 +182,8 @@ class _LLM:
 
 @pytest.mark.parametrize("template, first, second", [
     (QWEN3, THINK_TEXT, "<think>\nNow 3+3.\n</think>\n\nSix."),
+    (GEMMA4, "<|channel>thought\nThe user asks 2+2.\n\nThat is 4.<channel|>It is **4**.",
+     "<|channel>thought\nNow 3+3.<channel|>Six."),
     (QWEN35, "The user asks 2+2.\n\nThat is 4.\n</think>\n\nIt is **4**.", "Now 3+3.\n</think>\n\nSix."),
     (GPT_OSS, HARMONY_TEXT.replace("User asks 2+2. Answer 4.", "The user asks 2+2.\n\nThat is 4.")
      .replace("It is 4.", "It is **4**."),
@@ -269,6 +280,7 @@ def _gbnf(text):
     (QWEN3, "<think>\nhm, 2+2\n</think>\n\nFour.", False),
     (QWEN35, "hm, 2+2\n</think>\n\nFour.", True),
     (GPT_OSS, "<|channel|>analysis<|message|>hm, 2+2<|end|><|start|>assistant<|channel|>final<|message|>Four.", False),
+    (GEMMA4, "<|channel>thought\nhm, 2+2<channel|>Four.", False),
 ])
 def test_server_returns_reasoning_content_beside_content(reasoning_server, template, said, opened):
     llm, client = reasoning_server

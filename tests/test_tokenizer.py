@@ -149,6 +149,11 @@ def test_gemma4_flags_specials_and_eog():
     assert [tok.token_bytes(i) for i in ids[2:6]] == [bytes([b]) for b in "\U0001f999".encode()]
     dec = tok.decoder()
     assert [dec.feed(i) for i in ids] == ["a", " ", "", "", "", "\U0001f999", " b"]
+    # The reasoning's channel tags are user-defined: a generation streams them as text.
+    ids = tok.encode("<|channel>thought\nhm<channel|>Four.", add_special=False)
+    assert ids[0] == 100 and 101 in ids
+    dec = tok.decoder(skip_special=True)
+    assert "".join(dec.feed(i) for i in ids) == "<|channel>thought\nhm<channel|>Four."
     # Like llama.cpp, a BOS always: a file saying add_bos_token=false is overridden.
     meta = dict(gguf_metadata(tokenizer_dir() / "ggml-vocab-gemma-4.gguf"), **{"tokenizer.ggml.add_bos_token": False})
     assert Tokenizer.from_metadata(meta).encode("Hi") == [2, 10979]

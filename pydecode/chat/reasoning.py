@@ -1,17 +1,20 @@
 """Reasoning shown apart from the answer: the model's generated text split into its reasoning
-and its answer, for the two formats the templates of today's reasoning models use.
+and its answer, for the formats the templates of today's reasoning models use.
 
 - "think" (Qwen3, QwQ, DeepSeek-R1 distills, SmolLM3): `<think>\\n...\\n</think>\\n\\nanswer`.
   Some templates open the `<think>` in the generation prompt (Qwen3.5, DeepSeek-R1), so the
   text starts inside the reasoning: the splitter is told (`opened`, from `opens_reasoning`).
   Qwen3's `enable_thinking=False` closes an empty one in the prompt: the text is all answer.
+- "channel" (Gemma 4): `<|channel>thought\\n...<channel|>answer`: the same with other tags,
+  and the channel's name first.
 - "harmony" (OpenAI gpt-oss): messages `<|channel|>NAME<|message|>BODY` closed by `<|end|>`,
   each after the next `<|start|>assistant`; the `analysis` channel is the reasoning, `final`
   (and `commentary`: preambles, tool calls) the answer. `<|return|>` / `<|call|>` end the
   generation (tokenizer EOG ids), so they never reach the text.
 
 The markers are in the text because the tokenizer shows them (user-defined tokens: Qwen3's
-<think>, and harmony's markers as llama.cpp retypes them, see tokenizer._end_of_generation).
+<think>, Gemma 4's <|channel>, and harmony's markers as llama.cpp retypes them, see
+tokenizer._end_of_generation).
 
 `ReasoningSplitter` is the one state machine: `feed` streamed text, get (kind, text) pairs,
 kind "reasoning" or "content"; `split_reasoning` runs it over a whole text. The history keeps
@@ -22,27 +25,33 @@ from every finished turn).
 """
 from __future__ import annotations
 
-THINK, HARMONY = "think", "harmony"
+THINK, CHANNEL, HARMONY = "think", "channel", "harmony"
 REASONING, CONTENT = "reasoning", "content"
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+# The formats that wrap the reasoning in a pair of tags: (open, close, a header word the open tag
+# is followed by, dropped).
+_TAGS = {THINK: (_THINK_OPEN, _THINK_CLOSE, ""), CHANNEL: ("<|channel>", "<channel|>", "thought")}
 _H_START, _H_CHANNEL, _H_MESSAGE, _H_END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 _H_CONSTRAIN, _H_RETURN, _H_CALL = "<|constrain|>", "<|return|>", "<|call|>"
 _MARKERS = {
     THINK: (_THINK_OPEN, _THINK_CLOSE),
+    CHANNEL: _TAGS[CHANNEL][:2],
     HARMONY: (_H_START, _H_CHANNEL, _H_MESSAGE, _H_END, _H_CONSTRAIN, _H_RETURN, _H_CALL),
 }
 # The message key each format's templates read an earlier turn's reasoning from (Qwen3's:
 # reasoning_content, as OpenAI-compatible servers name it; gpt-oss's: thinking).
-_HISTORY_KEY = {THINK: "reasoning_content", HARMONY: "thinking"}
+_HISTORY_KEY = {THINK: "reasoning_content", CHANNEL: "reasoning_content", HARMONY: "thinking"}
 
 
 def reasoning_format(template: str | None, tokenizer=None) -> str | None:
-    """THINK, HARMONY or None (no reasoning markup): from the chat template's text, else from
+    """THINK, CHANNEL, HARMONY or None (no reasoning markup): from the chat template's text, else from
     the vocabulary (a single token for each marker)."""
     source = template or ""
     if _H_CHANNEL in source and _H_MESSAGE in source:
         return HARMONY
+    if _TAGS[CHANNEL][0] in source and _TAGS[CHANNEL][1] in source:
+        return CHANNEL
     if _THINK_CLOSE in source:
         return THINK
     if tokenizer is not None and not source:
@@ -61,9 +70,10 @@ def reasoning_format(template: str | None, tokenizer=None) -> str | None:
 def opens_reasoning(prompt: str, fmt: str | None) -> bool:
     """Whether the rendered prompt leaves a `<think>` open, so that generation starts inside
     the reasoning (templates that write `<think>\\n` in the generation prompt)."""
-    if fmt != THINK:
+    if fmt not in _TAGS:
         return False
-    return prompt.rfind(_THINK_OPEN) > prompt.rfind(_THINK_CLOSE)
+    open_tag, close_tag, _ = _TAGS[fmt]
+    return prompt.rfind(open_tag) > prompt.rfind(close_tag)
 
 
 class ReasoningSplitter:
@@ -80,8 +90,11 @@ class ReasoningSplitter:
         self._held_newlines = ""  # newlines at the end of the reasoning so far (dropped at its end)
         self.reasoning: list[str] = []
         self.content: list[str] = []
-        if fmt == THINK:
+        self._tags = _TAGS.get(fmt)
+        self._header = ""            # CHANNEL: the header word still to drop at the reasoning's start
+        if self._tags:
             self._state = "reasoning" if opened else "start"
+            self._header = self._tags[2] if opened else ""
         elif fmt == HARMONY:
             self._state = "start"    # before the first <|channel|>: text there is answer
         else:
@@ -135,11 +148,13 @@ class ReasoningSplitter:
         return longest
 
     def _marker(self, marker: str) -> list[tuple[str, str]]:
-        if self.fmt == THINK:
-            if marker == _THINK_OPEN and self._state == "start":
-                self._state, self._lead = "reasoning", True
+        if self._tags:
+            open_tag, close_tag, header = self._tags
+            if marker == open_tag and self._state == "start":
+                self._state, self._lead, self._header = "reasoning", True, header
                 return []
-            if marker == _THINK_CLOSE and self._state in ("reasoning", "start"):
+            if marker == close_tag and self._state in ("reasoning", "start"):
+                self._header = ""
                 self._held_newlines = ""
                 self._state, self._lead = "content", True
                 return []
@@ -175,9 +190,16 @@ class ReasoningSplitter:
         if state == "between":           # between harmony messages: nothing is shown
             return []
         if state == "start":
-            if self.fmt == THINK and not s.strip():
+            if self._tags and not s.strip():
                 return []                 # newlines before a <think>
             self._state = state = "content"
+        if self._header and state == "reasoning":
+            # Gemma 4's "<|channel>thought\n": the word names the channel; it may arrive in parts.
+            common = len(self._header) if s.startswith(self._header) else 0
+            if not common and self._header.startswith(s):
+                self._header = self._header[len(s):]
+                return []
+            s, self._header = s[common:], ""
         if self._lead:
             s = s.lstrip("\n")
             if not s:
