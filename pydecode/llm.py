@@ -149,7 +149,8 @@ class LLM:
     @property
     def reasoning_format(self) -> str | None:
         """How this model's answers carry reasoning: "think" (<think>...</think>, Qwen3),
-        "harmony" (gpt-oss's analysis channel) or None (see pydecode/chat/reasoning.py)."""
+        "channel" (Gemma 4's thought channel), "harmony" (gpt-oss's analysis channel) or None
+        (see pydecode/chat/reasoning.py)."""
         if not hasattr(self, "_reasoning_format"):
             self._reasoning_format = reasoning_format(self.model.gguf.metadata.get("tokenizer.chat_template"),
                                                       self.tokenizer)

@@ -45,8 +45,8 @@ _HISTORY_KEY = {THINK: "reasoning_content", CHANNEL: "reasoning_content", HARMON
 
 
 def reasoning_format(template: str | None, tokenizer=None) -> str | None:
-    """THINK, CHANNEL, HARMONY or None (no reasoning markup): from the chat template's text, else from
-    the vocabulary (a single token for each marker)."""
+    """THINK, CHANNEL, HARMONY or None (no reasoning markup): from the chat template's text,
+    else (no template) from the vocabulary (a single token for each marker)."""
     source = template or ""
     if _H_CHANNEL in source and _H_MESSAGE in source:
         return HARMONY
@@ -68,8 +68,9 @@ def reasoning_format(template: str | None, tokenizer=None) -> str | None:
 
 
 def opens_reasoning(prompt: str, fmt: str | None) -> bool:
-    """Whether the rendered prompt leaves a `<think>` open, so that generation starts inside
-    the reasoning (templates that write `<think>\\n` in the generation prompt)."""
+    """Whether the rendered prompt leaves the reasoning's tag (`<think>`, `<|channel>`) open, so
+    that generation starts inside the reasoning (templates that write `<think>\\n` in the
+    generation prompt)."""
     if fmt not in _TAGS:
         return False
     open_tag, close_tag, _ = _TAGS[fmt]
