@@ -28,7 +28,7 @@ for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b; do
   .venv/bin/pydecode pull "$m" >/dev/null
 done
 # llama.cpp's tokenizer test suite, from PyPI's llama-cpp-python sdist (76 MB, once; tests/conformance.py).
-.venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import conformance; conformance.tokenizer_dir()"
+.venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import conformance; conformance.tokenizer_dir(); conformance.o200k_dir()"
 
 banner() { printf '\ntest.sh: ==== %s ====\n\n' "$*" >&2; }
 if ! .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"; then
