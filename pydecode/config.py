@@ -5,6 +5,7 @@ activation, ...), never copying the forward pass.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ LAYER_TENSORS = [
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
     "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
     "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-    "ffn_down.weight", "post_ffw_norm.weight",
+    "ffn_down.weight", "post_ffw_norm.weight", "attn_output.bias", "attn_sinks.weight",
 ]
 # Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
 # the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
@@ -49,7 +50,8 @@ FUSED_TENSORS = {
 # LongRoPE's frequency factors (phi3): one of the two becomes the rope_freqs.weight slot.
 ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
-                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"}
+                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "attn_output.bias",
+                    "attn_sinks.weight"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class ArchConfig:
     sliding_window: int
     swa_period: int
     tied_output: bool
-    rope_attn_factor: float = 1.0   # scales the rotated dims' cos/sin (LongRoPE / YaRN's attn_factor)
+    rope_attn_factor: float = 1.0   # scales the rotated dims' cos/sin (LongRoPE's / YaRN's attention factor)
     n_ctx_orig: int = 0             # rope.scaling.original_context_length (0: n_ctx_train)
+    rope_yarn: tuple = (0.0, 0.0, 0.0)   # YaRN: (ext_factor, first and last ramped pair); ext 0: off
 
     def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
         """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
@@ -176,6 +179,29 @@ def _key(gguf: GGUFFile, key: str, kind: type, default=None):
     return v
 
 
+def _yarn(gguf: GGUFFile, p: str, rope_dim: int, base: float, factor: float, attn_factor: float,
+          n_ctx_orig: int) -> tuple[tuple, float]:
+    """YaRN's data, as llama.cpp computes it: ((ext_factor, low, high), the cos/sin scale).
+    Pairs below `low` keep the unscaled angle, past `high` the interpolated one (ggml's
+    ggml_rope_yarn_corr_dims, from beta_fast / beta_slow rotations over the original context);
+    cos and sin are scaled by 1 + 0.1 ln(factor) (times rope.scaling.attn_factor), which is what
+    llama.cpp's attn_factor and ggml's rope_yarn give together."""
+    if _key(gguf, p + "rope.scaling.yarn_log_multiplier", float, 0.0) != 0.0:
+        raise ModelError(f"{gguf.path}: YaRN with {p}rope.scaling.yarn_log_multiplier (DeepSeek's) is not supported")
+    ext = _key(gguf, p + "rope.scaling.yarn_ext_factor", float, 1.0)
+    fast = _key(gguf, p + "rope.scaling.yarn_beta_fast", float, 32.0)
+    slow = _key(gguf, p + "rope.scaling.yarn_beta_slow", float, 1.0)
+    if not (0 <= ext <= 1 and fast > 0 and slow > 0 and n_ctx_orig > 0):
+        raise ModelError(f"{gguf.path}: YaRN metadata out of range (ext_factor {ext}, beta_fast {fast}, "
+                         f"beta_slow {slow}, original context {n_ctx_orig})")
+
+    def corr_dim(rotations: float) -> float:
+        return rope_dim * math.log(n_ctx_orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(0.0, math.floor(corr_dim(fast))), min(rope_dim - 1.0, math.ceil(corr_dim(slow)))
+    return (ext, low, high), attn_factor * (1.0 + 0.1 * math.log(factor) if ext else 1.0)
+
+
 def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
     """Linear RoPE scaling (positions divided by the factor). Scalings that live in a tensor of
     per-frequency factors are the tensor's: Llama 3's (rope_freqs.weight; llama.cpp's converter
@@ -186,6 +212,8 @@ def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
     if factor < 0:
         raise ModelError(f"{gguf.path}: metadata key {p}rope.scaling.factor must be positive, got {factor}")
     in_tensor = {"llama3": ("rope_freqs.weight",), "longrope": ROPE_FACTORS}
+    if kind == "yarn":
+        return 1.0 / factor if factor > 1.0 else 1.0
     if kind in in_tensor:
         if not any(n in gguf.tensors for n in in_tensor[kind]):
             raise ModelError(f"{gguf.path}: RoPE scaling '{kind}' ({p}rope.scaling.type) needs the tensor "
@@ -238,6 +266,12 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         rope_attn_factor=_key(gguf, p + "rope.scaling.attn_factor", float, 1.0),
         n_ctx_orig=_key(gguf, p + "rope.scaling.original_context_length", int, 0),
     )
+    if _key(gguf, p + "rope.scaling.type", str, "none") == "yarn" and cfg.rope_freq_scale < 1.0:
+        if not (cfg.rope_base > 1 and 2 <= cfg.rope_dim):
+            raise ModelError(f"{gguf.path}: YaRN needs {p}rope.freq_base > 1 and a rotary dimension")
+        yarn, mscale = _yarn(gguf, p, cfg.rope_dim, cfg.rope_base, 1.0 / cfg.rope_freq_scale, cfg.rope_attn_factor,
+                             cfg.n_ctx_orig or cfg.n_ctx_train)
+        cfg = dataclasses.replace(cfg, rope_yarn=yarn, rope_attn_factor=mscale)
     check_config(gguf, cfg)
     check_tensors(gguf, cfg)
     return cfg
@@ -290,6 +324,7 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
         "attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,),
         "post_attention_norm.weight": (d,), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, cfg.n_ff),
         "ffn_up.weight": (d, cfg.n_ff), "ffn_down.weight": (cfg.n_ff, d), "post_ffw_norm.weight": (d,),
+        "attn_output.bias": (d,), "attn_sinks.weight": (cfg.n_head,),
     }
     fused = {"attn_qkv.weight": (d, qd + 2 * kvd), "ffn_up.weight": (d, 2 * cfg.n_ff)}
     for l in range(cfg.n_layer):

@@ -284,6 +284,7 @@ class Model:
         self._local_layers = ffi.new("uint8_t[]", [int(c.layer_is_local(l)) for l in range(c.n_layer)])
         cfg.local_layers = self._local_layers
         cfg.rope_freq_scale, cfg.rope_attn_factor = c.rope_freq_scale, c.rope_attn_factor
+        cfg.rope_yarn_ext, cfg.rope_yarn_low, cfg.rope_yarn_high = c.rope_yarn
         cfg.kv_type = KV_TYPES[self.kv_type]
         cfg.n_seq = self.n_seq
         cfg.no_repack = int(not self.repack)

@@ -22,6 +22,11 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
   or the long factor and multiplies cos and sin by the attention factor. HF picks the long
   factors when the sequence is longer than the original context; llama.cpp (and so pydecode)
   when the context is: ``long_factors`` says which, as the test's n_ctx would.
+* gpt-oss's attention pieces (HF ``modeling_gpt_oss``), wherever a file has them: a learned sink
+  logit per head (``attn_sinks``) joins each softmax and is dropped after it; an output-projection
+  bias; YaRN RoPE (HF ``_compute_yarn_parameters``: frequencies mixed between 1/(factor base^(2i/d))
+  and 1/base^(2i/d) by a ramp over the correction range from beta_fast / beta_slow, floored and
+  ceiled as llama.cpp does; cos and sin times 0.1 ln(factor) + 1).
 """
 from __future__ import annotations
 
@@ -69,6 +74,16 @@ class ReferenceModel:
         self.neox = arch in ("qwen2", "gemma3", "phi3")
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
         self.long_factors = False   # phi3: the LongRoPE factors of a context past the original one
+        self.yarn = m("rope.scaling.type") == "yarn" and float(m("rope.scaling.factor", 1.0)) > 1.0
+        if self.yarn:
+            self.yarn_factor = float(m("rope.scaling.factor"))
+            orig = int(m("rope.scaling.original_context_length", m("context_length", 2048)))
+            d = self.rope_dim
+
+            def corr(rotations):
+                return d * np.log(orig / (rotations * 2 * np.pi)) / (2 * np.log(self.rope_base))
+            self.yarn_low = max(0.0, np.floor(corr(float(m("rope.scaling.yarn_beta_fast", 32.0)))))
+            self.yarn_high = min(d - 1.0, np.ceil(corr(float(m("rope.scaling.yarn_beta_slow", 1.0)))))
         self.gemma = arch == "gemma3"
         # Gemma 3: 5 sliding-window layers (RoPE base 10k) then 1 global layer (metadata base).
         self.window = int(m("attention.sliding_window", 0)) if self.gemma else 0
@@ -131,8 +146,13 @@ class ReferenceModel:
             inv_freq = inv_freq / self.w("rope_freqs.weight")
         elif self.has(factors):                          # LongRoPE
             inv_freq = inv_freq / self.w(factors)
-        ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # (T, d/2)
         mscale = 1.0 if local else self.rope_attn_factor
+        if self.yarn:   # every layer's RoPE (gpt-oss's local layers share it)
+            span = max(self.yarn_high - self.yarn_low, 0.001)
+            extrap = 1.0 - np.clip((np.arange(d // 2) - self.yarn_low) / span, 0.0, 1.0)
+            inv_freq = inv_freq / self.yarn_factor * (1 - extrap) + inv_freq * extrap
+            mscale *= 0.1 * np.log(self.yarn_factor) + 1.0
+        ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # (T, d/2)
         cos, sin = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
         x = x.copy()
         a, b = (slice(0, d // 2), slice(d // 2, d)) if self.neox else (slice(0, d, 2), slice(1, d, 2))
@@ -162,8 +182,12 @@ class ReferenceModel:
         if self.is_local(i):  # query t sees keys s with t - s < window
             causal |= np.tril(np.ones((T, T), dtype=bool), k=-self.window)
         scores = np.where(causal[None], -np.inf, scores)
+        if self.has(f"blk.{i}.attn_sinks.weight"):   # one more logit per head, weighing no value
+            sink = np.broadcast_to(self.w(f"blk.{i}.attn_sinks.weight")[:, None, None], (self.n_head, T, 1))
+            scores = np.concatenate([scores, sink], axis=-1)
         p = np.exp(scores - scores.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
+        p = p[..., :T]
         o = np.einsum("hts,shd->thd", p, v).reshape(T, self.n_head * hd)
         return self.linear(o, f"blk.{i}.attn_output")
 

@@ -172,3 +172,38 @@ def test_longrope_and_llama3_scaling_types_need_their_tensors(tmp_path):
     w.close()
     with pytest.raises(pydecode.ModelError, match="llama3.*rope_freqs.weight"):
         arch_config(GGUFFile(out))
+
+
+def test_sinks_output_bias_and_yarn_follow_the_reference(tmp_path):
+    """gpt-oss's attention pieces, as data on any architecture: attention sinks (a logit per head in
+    every softmax: csrc/core/attention.c combine), an attn_output bias and YaRN RoPE. Each matches
+    the reference and each matters (the reference without it differs); cached decode equals
+    recompute with them; every x86 table agrees."""
+    from pydecode._core import lib
+
+    path = tmp_path / "oss-attn.gguf"
+    write_tiny_model(path, "llama", n_layer=3, sinks=True, out_bias=True, yarn=4.0)
+    toks = np.random.default_rng(6).integers(0, N_VOCAB, 20).tolist()
+    ref = ReferenceModel(path).logits(toks)
+    for isa in ("scalar", "avx2", "avx512"):
+        if not lib.pd_isa_supported(isa.encode()):
+            continue
+        ours = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa).prefill(toks, all_logits=True)
+        assert _rel(ours, ref) <= REL_RMS_TOL, isa
+    for drop in ("sinks", "bias", "yarn"):
+        r = ReferenceModel(path)
+        if drop == "yarn":
+            r.yarn = False
+        else:
+            for l in range(3):
+                r.tensors.pop(f"blk.{l}." + ("attn_sinks.weight" if drop == "sinks" else "attn_output.bias"))
+        assert _rel(r.logits(toks), ref) > 2 * REL_RMS_TOL, drop
+    m = pydecode.Model(path, n_ctx=64, n_threads=2, n_batch=4)
+    logits = m.prefill(toks[:6]).copy()
+    seq = list(toks[:6])
+    for _ in range(6):
+        t = int(np.argmax(logits))
+        logits = m.decode_step(t, len(seq)).copy()
+        seq.append(t)
+        fresh = pydecode.Model(path, n_ctx=64, n_threads=1, n_batch=4).prefill(seq).copy()
+        assert np.abs(fresh - logits).max() <= CACHE_ATOL, len(seq)

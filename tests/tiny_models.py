@@ -6,6 +6,7 @@ that is not a multiple of the kernels' rows per pass, and several weight formats
 """
 from __future__ import annotations
 
+import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as QT
@@ -47,7 +48,10 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: flo
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
-                     rope_freqs: bool = False) -> None:
+                     rope_freqs: bool = False, sinks: bool = False, out_bias: bool = False,
+                     yarn: float = 0.0) -> None:
+    """sinks, out_bias, yarn: gpt-oss's attention pieces on any architecture (attention sinks,
+    an attn_output bias, YaRN RoPE of that factor over an original context of 8)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -62,6 +66,10 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 1e4)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn)
+        w.add_rope_scaling_orig_ctx_len(8)
     if arch == "phi3":   # partial rotary (3/4 of the head), LongRoPE past an original context of 32
         w.add_rope_dimension_count(head_dim * 3 // 4)
         w.add_rope_scaling_orig_ctx_len(32)
@@ -118,6 +126,10 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "attn_k.weight", kvd, n_embd)
             matrix(p + "attn_v.weight", kvd, n_embd)
         matrix(p + "attn_output.weight", n_embd, qd)
+        if out_bias:
+            vector(p + "attn_output.bias", n_embd, 0.0, 0.5)
+        if sinks:   # around the scores' scale, so that they take a real share of the softmax
+            vector(p + "attn_sinks.weight", n_head, 0.5, 1.0)
         if arch == "qwen2":
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)

@@ -100,7 +100,9 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
             (rc = check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len)) ||
             (rc = check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len)) ||
             (rc = check_matrix(K, &L[PD_DOWN], "ffn_down.weight", l, c->n_ff, d, err, len)) ||
-            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)))
+            (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BO], "attn_output.bias", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_ATTN_SINKS], "attn_sinks.weight", l, c->n_head, 1, err, len)))
             return rc;
     }
     return PD_OK;
