@@ -29,13 +29,23 @@ def _byte_tokens() -> list[str]:
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
-                     rope_freqs: bool = False) -> None:
+                     rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                     moe_keys: dict | None = None) -> None:
+    """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
+    token (moe_keys: extra GGUFWriter add_* calls, e.g. {"expert_gating_func": 2})."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
+    moe = arch == "qwen3moe"
+    if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(n_ff_exp)
+        for key, value in (moe_keys or {}).items():   # gating as a number: this gguf's enum lacks 3
+            w.add_uint32(f"{arch}.{key}", value) if key == "expert_gating_func" else getattr(w, "add_" + key)(value)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -56,8 +66,9 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
 
     types = iter(weight_types * 1000)
 
-    def matrix(name, rows, cols, scale=None):
-        a = rng.standard_normal((rows, cols)).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
+    def matrix(name, rows, cols, scale=None, experts=0):
+        shape = (experts, rows, cols) if experts else (rows, cols)   # an expert tensor: [cols, rows, experts] in GGML
+        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
         t = next(types)
         if t == QT.F32:
             w.add_tensor(name, a)
@@ -65,7 +76,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             w.add_tensor(name, a.astype(np.float16))
         elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
             block, size = GGML_QUANT_SIZES[t]
-            w.add_tensor(name, rng.integers(0, 256, (rows, cols // block * size), dtype=np.uint8), raw_dtype=t)
+            w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
         else:
             w.add_tensor(name, quantize(a, t), raw_dtype=t)
 
@@ -78,7 +89,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     vector("output_norm.weight", n_embd)
     if rope_freqs:  # Llama 3.1-style per-frequency divisors
         w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
-    if arch == "qwen2":  # untied output head
+    if arch in ("qwen2", "qwen3moe"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -91,15 +102,22 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
             vector(p + "attn_v.bias", kvd, 0.0, 0.5)
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3", "qwen3moe"):
             vector(p + "attn_q_norm.weight", head_dim)
             vector(p + "attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
             vector(p + "post_attention_norm.weight", n_embd)
             vector(p + "post_ffw_norm.weight", n_embd)
         vector(p + "ffn_norm.weight", n_embd)
-        matrix(p + "ffn_gate.weight", n_ff, n_embd)
-        matrix(p + "ffn_up.weight", n_ff, n_embd)
-        matrix(p + "ffn_down.weight", n_embd, n_ff)
+        if moe:   # the router stays F32 (llama.cpp's quantize never quantizes ffn_gate_inp)
+            w.add_tensor(p + "ffn_gate_inp.weight", (0.25 * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
+            matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
+        else:
+            matrix(p + "ffn_gate.weight", n_ff, n_embd)
+            matrix(p + "ffn_up.weight", n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
