@@ -30,22 +30,24 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
                      rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
-                     moe_keys: dict | None = None) -> None:
+                     moe_keys: dict | None = None, moe: bool | None = None) -> None:
     """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
-    token (moe_keys: extra GGUFWriter add_* calls, e.g. {"expert_gating_func": 2})."""
+    token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
+    moe=True with a dense arch: the experts beside the dense FFN (a hostile file)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
-    moe = arch == "qwen3moe"
+    dense = arch != "qwen3moe"
+    moe = not dense if moe is None else moe
     if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
-        w.add_expert_count(n_expert)
-        w.add_expert_used_count(n_expert_used)
-        w.add_expert_feed_forward_length(n_ff_exp)
-        for key, value in (moe_keys or {}).items():   # gating as a number: this gguf's enum lacks 3
-            w.add_uint32(f"{arch}.{key}", value) if key == "expert_gating_func" else getattr(w, "add_" + key)(value)
+        keys = {"expert_count": n_expert, "expert_used_count": n_expert_used, "expert_feed_forward_length": n_ff_exp,
+                **(moe_keys or {})}
+        for key, value in keys.items():   # gating as a number: this gguf's enum lacks 3
+            w.add_uint32(f"{arch}.{key}", value) if key in ("expert_gating_func", "expert_count") \
+                else getattr(w, "add_" + key)(value)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -114,7 +116,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
-        else:
+        if dense:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)
