@@ -52,7 +52,8 @@ GATINGS = {
 def test_gating_matches_reference(tmp_path, gating, isa):
     _isa(isa)
     path = tmp_path / "g.gguf"
-    write_tiny_model(path, "qwen3moe", n_layer=3, n_expert_used=3, weight_types=(QT.F16,), moe_keys=GATINGS[gating])
+    write_tiny_model(path, "qwen3moe", n_layer=3, n_expert_used=3, weight_types=(QT.F16,), moe_keys=GATINGS[gating],
+                     router_scale=0.25)
     toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
     ref = ReferenceModel(path)
     want = ref.logits(toks)
@@ -169,3 +170,12 @@ def test_expert_tensors_of_the_wrong_shape_or_in_a_dense_file(tmp_path):
     write_tiny_model(dense, "qwen3", n_layer=2, moe=True)
     with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_inp\.weight is present but the config has no experts"):
         pydecode.Model(dense, n_ctx=32, n_threads=1)
+
+
+def test_info_shows_total_and_active_bytes(moe_path):
+    from click.testing import CliRunner
+    from pydecode.cli.info import info
+    r = CliRunner().invoke(info, [str(moe_path)])
+    assert r.exit_code == 0, r.output
+    assert "experts         8 per layer, 3 per token, ffn 32; gating softmax, renormalized" in r.output
+    assert "(3 of 8 experts; " in r.output and "MB with all of them)" in r.output

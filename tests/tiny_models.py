@@ -30,10 +30,12 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
                      rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
-                     moe_keys: dict | None = None, moe: bool | None = None) -> None:
+                     moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0) -> None:
     """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
     token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
-    moe=True with a dense arch: the experts beside the dense FFN (a hostile file)."""
+    moe=True with a dense arch: the experts beside the dense FFN (a hostile file). router_scale 1:
+    decisive routes (8-bit activation noise never flips one); 0.25: the weights of the k chosen
+    differ enough for their gating and renormalization to matter."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -112,7 +114,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "post_ffw_norm.weight", n_embd)
         vector(p + "ffn_norm.weight", n_embd)
         if moe:   # the router stays F32 (llama.cpp's quantize never quantizes ffn_gate_inp)
-            w.add_tensor(p + "ffn_gate_inp.weight", (0.25 * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_inp.weight", (router_scale * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
             matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
