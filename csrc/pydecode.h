@@ -26,14 +26,32 @@ enum { PD_KV_F32 = 0, PD_KV_F16 = 1, PD_KV_Q8_0 = 2 };
 /* Tensor slots: model-wide, then PD_LAYER_SLOTS per layer. Optional slots may be absent. */
 enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_ROPE_FREQS = 3, PD_GLOBAL_SLOTS = 4 };
 /* PD_ROPE_FREQS (optional, Llama 3.1+): F32[rope_dim/2] divisors of the global layers' RoPE frequencies. */
+/* A layer's FFN is dense (PD_GATE, PD_UP, PD_DOWN) or, where PD_GATE_INP is present, a mixture of
+ * experts (core/moe.c): the router PD_GATE_INP [n_embd -> n_expert] and the experts' 3-D tensors
+ * as matrices of n_expert stacked blocks of rows, expert e's rows contiguous: PD_GATE_EXPS and
+ * PD_UP_EXPS [n_embd -> n_ff_exp * n_expert], PD_DOWN_EXPS [n_ff_exp -> n_embd * n_expert].
+ * The PD_*_SHEXP slots (a shared expert: qwen2moe, deepseek) are named for the loader's errors;
+ * a model holding them is refused until that path exists. */
 enum {
     PD_ATTN_NORM = 0, PD_WQ, PD_WK, PD_WV, PD_WO, PD_BQ, PD_BK, PD_BV, PD_Q_NORM, PD_K_NORM,
     PD_POST_ATTN_NORM, PD_FFN_NORM, PD_GATE, PD_UP, PD_DOWN, PD_POST_FFN_NORM,
+    PD_GATE_INP, PD_GATE_EXPS, PD_UP_EXPS, PD_DOWN_EXPS,
+    PD_GATE_INP_SHEXP, PD_GATE_SHEXP, PD_UP_SHEXP, PD_DOWN_SHEXP,
     PD_BO,          /* attn_output.bias (optional, gpt-oss): added with the output projection */
     PD_ATTN_SINKS,  /* attn_sinks.weight (optional, gpt-oss): F32[n_head], a logit per query head that
                        joins every softmax's denominator and weighs no value (an "attention sink") */
     PD_LAYER_SLOTS
 };
+/* How a mixture-of-experts router turns its logits into the k experts' weights (pd_config.
+ * expert_gating; GGUF <arch>.expert_gating_func 1, 2, 3). The k chosen are the k largest logits
+ * (the lower expert id first on a tie) in every case:
+ *   SOFTMAX        softmax over all n_expert logits, the chosen ones' probabilities (qwen3moe)
+ *   SIGMOID        sigmoid of each chosen logit (deepseek v3, glm4moe)
+ *   SOFTMAX_WEIGHT softmax over the k chosen logits only (gpt-oss)
+ * then, with expert_norm, divided by their sum; then times expert_scale. */
+enum { PD_GATING_SOFTMAX = 0, PD_GATING_SIGMOID = 1, PD_GATING_SOFTMAX_WEIGHT = 2 };
+/* Experts per layer at most (DeepSeek V3 has 256; a larger count is refused as hostile). */
+enum { PD_MAX_EXPERTS = 1024 };
 
 /* Everything the single forward pass needs to know about an architecture: data, not code. */
 typedef struct {
@@ -69,6 +87,13 @@ typedef struct {
                                 repacked kernel (the load-time choice of pydecode/variants.py) */
     int weights_mapped;      /* 1: the tensors are a read-only file mapping, so the pages of a
                                 repacked tensor may leave resident memory (madvise DONTNEED) */
+    /* Mixture of experts (core/moe.c; all 0 for a dense model): */
+    int n_expert;            /* experts per MoE layer (1..PD_MAX_EXPERTS) */
+    int n_expert_used;       /* k: experts each token is routed to (1..n_expert) */
+    int n_ff_exp;            /* an expert's FFN width (a multiple of 32) */
+    int expert_gating;       /* PD_GATING_* */
+    int expert_norm;         /* 1: the k weights divided by their sum */
+    float expert_scale;      /* the k weights multiplied by it (0 -> 1) */
 } pd_config;
 
 typedef struct pd_model pd_model;

@@ -28,9 +28,25 @@ ARCHS: dict[str, dict] = {
     # and its attention factor. Its sliding_window key is ignored, as llama.cpp does (see
     # llama.cpp's phi3 loader: the converters do not say which layers would use it).
     "phi3": dict(rope_neox=True),
+    # Qwen3: NeoX RoPE (llama.cpp's rope type for LLM_ARCH_QWEN3), per-head Q/K RMSNorm before
+    # RoPE (attn_q_norm / attn_k_norm: optional tensors), no QKV bias; head_dim is
+    # attention.key_length (128), not n_embd / n_head (0.6B: 1024 / 16 = 64).
+    "qwen3": dict(rope_neox=True),
+    # Qwen3-MoE: Qwen3's attention; every layer's FFN a mixture of experts (core/moe.c): softmax
+    # over all experts, the top expert_used_count, their weights renormalized to sum 1. llama.cpp
+    # (llm_build_qwen3moe) hard-codes softmax and norm_w = true, HF (Qwen3MoeSparseMoeBlock)
+    # normalizes when norm_topk_prob (true in every released config): the defaults here; the
+    # GGUF keys expert_gating_func / expert_weights_norm / expert_weights_scale override them
+    # where a file has them (a qwen3moe file has none).
+    "qwen3moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=True),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
-                     sliding_window=False, swa_period=0)
+                     sliding_window=False, swa_period=0, moe=False, expert_gating="softmax", expert_norm=False)
+# GGUF <arch>.expert_gating_func (llama.cpp's llama_expert_gating_func_type) -> name -> the C
+# core's PD_GATING_* (pydecode.h).
+GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+GATING_C = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
+MAX_EXPERTS = 1024   # the C core's PD_MAX_EXPERTS
 
 # Tensor names of the GGUF convention, by the C core's slot order (csrc/pydecode.h).
 GLOBAL_TENSORS = ["token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"]
@@ -38,7 +54,10 @@ LAYER_TENSORS = [
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
     "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
     "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-    "ffn_down.weight", "post_ffw_norm.weight", "attn_output.bias", "attn_sinks.weight",
+    "ffn_down.weight", "post_ffw_norm.weight",
+    "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+    "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+    "attn_output.bias", "attn_sinks.weight",
 ]
 # Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
 # the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
@@ -52,6 +71,8 @@ ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
                     "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "attn_output.bias",
                     "attn_sinks.weight"}
+DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,22 @@ class ArchConfig:
         for name, n in zip(names, lens):
             views[name] = (t, r0, n)
             r0 += n
+    # Mixture of experts (0 / defaults: dense). n_ff_exp: one expert's FFN width.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_gating: str = "softmax"
+    expert_norm: bool = False
+    expert_scale: float = 0.0
+
+    def c_fields(self) -> dict:
+        """The pd_config fields of the FFN (pydecode.h): every layer a mixture of experts gets no
+        dense FFN scratch (n_ff = the expert width, which the C core checks like any n_ff)."""
+        if not self.n_expert:
+            return {"n_ff": self.n_ff}
+        return {"n_ff": self.n_ff_exp, "n_expert": self.n_expert, "n_expert_used": self.n_expert_used,
+                "n_ff_exp": self.n_ff_exp, "expert_gating": GATING_C[self.expert_gating],
+                "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale}
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
@@ -144,10 +181,15 @@ class ArchConfig:
         per_position = round(2 * self.n_head_kv * self.head_dim * bytes_per_element)
         return sum(per_position * self.kv_positions(l, positions, ring_extra) for l in range(self.n_layer))
 
-    def weight_bytes_per_token(self, gguf: GGUFFile) -> int:
+    def weight_bytes_per_token(self, gguf: GGUFFile, active: bool = True) -> int:
         """Bytes of weights a decoded token reads: every tensor once, except the embedding table
-        (one row per token), which a tied output head reads whole as the head."""
-        total = sum(t.n_bytes for t in gguf.tensors.values())
+        (one row per token), which a tied output head reads whole as the head, and the experts'
+        tensors (*_exps), of which a token reads its n_expert_used of n_expert (active=False:
+        all of them, what a step of many tokens may read)."""
+        total = 0
+        for t in gguf.tensors.values():
+            experts = self.n_expert and t.name.endswith("_exps.weight")
+            total += t.n_bytes * self.n_expert_used // self.n_expert if experts and active else t.n_bytes
         emb = gguf.tensors["token_embd.weight"].n_bytes
         return total - emb + (emb if self.tied_output else 0)
 
@@ -239,6 +281,9 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
     if n_head == 0 or n_embd == 0 or n_head_kv == 0 or n_head % n_head_kv:
         raise ModelError(f"{gguf.path}: head counts {n_head}/{n_head_kv} and embedding {n_embd} are inconsistent")
     head_dim = _key(gguf, p + "attention.key_length", int, n_embd // n_head)
+    if _key(gguf, p + "attention.value_length", int, head_dim) != head_dim:
+        raise ModelError(f"{gguf.path}: metadata key {p}attention.value_length differs from the key length "
+                         f"{head_dim}, not supported")
     emb = gguf.tensors.get("token_embd.weight")
     if emb is None:
         raise ModelError(f"{gguf.path}: tensor token_embd.weight is missing")
@@ -249,7 +294,8 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        n_ff=_key(gguf, p + "feed_forward_length", int),
+        n_ff=_key(gguf, p + "feed_forward_length", int, _key(gguf, p + "expert_feed_forward_length", int, 0)
+                  if a["moe"] else None),
         n_vocab=emb.shape[1] if len(emb.shape) > 1 else 0,
         n_ctx_train=_key(gguf, p + "context_length", int, 2048),
         norm_eps=_key(gguf, p + "attention.layer_norm_rms_epsilon", float, 1e-5),
@@ -265,6 +311,7 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         tied_output="output.weight" not in gguf.tensors,
         rope_attn_factor=_key(gguf, p + "rope.scaling.attn_factor", float, 1.0),
         n_ctx_orig=_key(gguf, p + "rope.scaling.original_context_length", int, 0),
+        **(_experts(gguf, p, a) if a["moe"] else {}),
     )
     if _key(gguf, p + "rope.scaling.type", str, "none") == "yarn" and cfg.rope_freq_scale < 1.0:
         if not (cfg.rope_base > 1 and 2 <= cfg.rope_dim):
@@ -275,6 +322,39 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
     check_config(gguf, cfg)
     check_tensors(gguf, cfg)
     return cfg
+
+
+def _experts(gguf: GGUFFile, p: str, a: dict) -> dict:
+    """An MoE architecture's expert keys (llama.cpp's names): counts, width, gating (defaults
+    from ARCHS), each checked with an error naming its key."""
+    def bad(key: str, why: str):
+        raise ModelError(f"{gguf.path}: metadata key {p}{key} {why}")
+
+    n = _key(gguf, p + "expert_count", int)
+    used = _key(gguf, p + "expert_used_count", int)
+    width = _key(gguf, p + "expert_feed_forward_length", int)
+    if not 1 <= n <= MAX_EXPERTS:
+        bad("expert_count", f"is {n}, outside 1..{MAX_EXPERTS}")
+    if not 1 <= used <= n:
+        bad("expert_used_count", f"is {used}, outside 1..{n} (the expert count)")
+    if width < 1 or width % 32:
+        bad("expert_feed_forward_length", f"must be a positive multiple of 32, got {width}")
+    gating = a["expert_gating"]
+    if p + "expert_gating_func" in gguf.metadata:
+        code = _key(gguf, p + "expert_gating_func", int)
+        if code not in GATING_FUNCS:
+            bad("expert_gating_func", f"is {code}, not one of {GATING_FUNCS} (llama.cpp's gating functions)")
+        gating = GATING_FUNCS[code]
+    norm = gguf.metadata.get(p + "expert_weights_norm", a["expert_norm"])
+    if not isinstance(norm, (bool, int)):
+        bad("expert_weights_norm", f"must be a bool, got {norm!r}")
+    scale = _key(gguf, p + "expert_weights_scale", float, 0.0)
+    if scale < 0:
+        bad("expert_weights_scale", f"must not be negative, got {scale}")
+    if _key(gguf, p + "expert_shared_count", int, 0) or _key(gguf, p + "expert_shared_feed_forward_length", int, 0):
+        bad("expert_shared_count", "(shared experts) is not supported yet")
+    return dict(n_expert=n, n_expert_used=used, n_ff_exp=width, expert_gating=gating, expert_norm=bool(norm),
+                expert_scale=scale)
 
 
 def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -327,6 +407,12 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
         "attn_output.bias": (d,), "attn_sinks.weight": (cfg.n_head,),
     }
     fused = {"attn_qkv.weight": (d, qd + 2 * kvd), "ffn_up.weight": (d, 2 * cfg.n_ff)}
+    if cfg.n_expert:   # 3-D expert tensors: [in, out, n_expert] in GGML order (llama.cpp's convention)
+        ne, nf = cfg.n_expert, cfg.n_ff_exp
+        for name in DENSE_FFN:
+            layer.pop(name)
+        layer.update({"ffn_gate_inp.weight": (d, ne), "ffn_gate_exps.weight": (d, nf, ne),
+                      "ffn_up_exps.weight": (d, nf, ne), "ffn_down_exps.weight": (nf, d, ne)})
     for l in range(cfg.n_layer):
         want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
     for name, shape in want.items():

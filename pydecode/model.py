@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from . import _core
 from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_config, check_tokenizer_metadata
 from .errors import ContextFullError, ModelClosedError, ModelError, ModelFileChangedError
 from .gguf_file import GGUFFile
+from .host import available_memory, physical_cores  # noqa: F401  (monkeypatched here by tests)
 from .slots import SlotLedger, ring_extra
 from .tokenizer import Tokenizer, TokenizerError
 
@@ -32,33 +32,6 @@ MAX_N_SEQ = 4096
 # The KV cache's formats (pd_config.kv_type): f16 (default), f32, and q8_0 (GGML's Q8_0 blocks:
 # per 32 values an f16 scale and 32 int8, 34 bytes: 53% of f16's; needs head_dim % 32 == 0).
 KV_TYPES = {"f16": lib.PD_KV_F16, "f32": lib.PD_KV_F32, "q8_0": lib.PD_KV_Q8_0}
-
-
-def available_memory() -> int | None:
-    """Bytes this process could still get: MemAvailable (or free pages), lowered by a cgroup v2
-    limit if one applies. None when unknown."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f1, open("/sys/fs/cgroup/memory.current") as f2:
-            limit = f1.read().strip()
-            if limit != "max":
-                avail = min(avail, max(0, int(limit) - int(f2.read().strip())))
-    except (OSError, ValueError):
-        pass
-    return avail
 
 
 def _is_int(v) -> bool:
@@ -88,40 +61,6 @@ def token_ids(tokens, n_vocab: int, name: str = "tokens") -> np.ndarray:
         i = int(bad[0])
         raise ValueError(f"{name}: token id {toks[i]} at index {i} is outside the vocabulary (0..{n_vocab - 1})")
     return np.ascontiguousarray(toks, dtype=np.int32)
-
-
-def _sysctl_int(name: bytes) -> int | None:
-    """An integer sysctl (macOS), None where it does not exist."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None)
-        v, n = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
-        if libc.sysctlbyname(name, ctypes.byref(v), ctypes.byref(n), None, ctypes.c_size_t(0)) == 0:
-            return v.value
-    except (OSError, AttributeError):
-        pass
-    return None
-
-
-def physical_cores() -> int:
-    """Physical cores (not hyperthreads) this process may run on: decode is bandwidth/compute bound
-    per core, so a second hyperthread on a core mostly adds contention."""
-    if sys.platform == "darwin":   # Apple Silicon: the performance cores (efficiency ones slow a step)
-        n = _sysctl_int(b"hw.perflevel0.physicalcpu") or _sysctl_int(b"hw.physicalcpu")
-        return max(1, n or os.cpu_count() or 1)
-    try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:
-        allowed = set(range(os.cpu_count() or 1))
-    cores = set()
-    for cpu in allowed:
-        base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
-        try:
-            with open(base + "core_id") as f1, open(base + "physical_package_id") as f2:
-                cores.add((f1.read().strip(), f2.read().strip()))
-        except OSError:
-            return max(1, len(allowed))
-    return max(1, len(cores))
 
 
 class Model:
@@ -274,7 +213,9 @@ class Model:
         c = self.config
         cfg = ffi.new("pd_config *")
         cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv = c.n_layer, c.n_embd, c.n_head, c.n_head_kv
-        cfg.head_dim, cfg.n_ff, cfg.n_vocab = c.head_dim, c.n_ff, c.n_vocab
+        cfg.head_dim, cfg.n_vocab = c.head_dim, c.n_vocab
+        for k, v in c.c_fields().items():   # the FFN: dense, or a mixture of experts
+            setattr(cfg, k, v)
         cfg.n_ctx, cfg.n_threads = self.n_ctx, self.n_threads
         cfg.norm_eps, cfg.rope_base, cfg.rope_base_local = c.norm_eps, c.rope_base, c.rope_base_local
         cfg.rope_dim, cfg.rope_neox = c.rope_dim, int(c.rope_neox)

@@ -1,4 +1,5 @@
-"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3, phi3): the test oracle.
+"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3, qwen3, qwen3moe, phi3): the
+test oracle.
 
 Written for readability, not speed. Follows the llama architecture as in
 Hugging Face ``modeling_llama`` and llama.cpp's llama graph:
@@ -27,6 +28,13 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
   bias; YaRN RoPE (HF ``_compute_yarn_parameters``: frequencies mixed between 1/(factor base^(2i/d))
   and 1/base^(2i/d) by a ramp over the correction range from beta_fast / beta_slow, floored and
   ceiled as llama.cpp does; cos and sin times 0.1 ln(factor) + 1).
+* Qwen3 (HF modeling_qwen3): q_norm / k_norm, an RMSNorm over each head's head_dim values, before
+  RoPE; head_dim from the config (key_length), so n_head * head_dim may differ from n_embd.
+* Qwen3-MoE (HF modeling_qwen3_moe, Qwen3MoeSparseMoeBlock): router_logits = gate(x);
+  routing_weights = softmax(router_logits) over all experts; torch.topk(routing_weights, top_k);
+  if norm_topk_prob (true in every Qwen3-MoE config, and llama.cpp's qwen3moe always): divided by
+  their sum; out = sum_j w_j * down_j(silu(gate_j(x)) * up_j(x)). GGUF stores the experts as 3-D
+  tensors [in, out, n_expert] (numpy: (n_expert, out, in)).
 """
 from __future__ import annotations
 
@@ -53,8 +61,8 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "phi3"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, phi3; got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "phi3"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, phi3; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -71,7 +79,7 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "phi3")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3")
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
         self.long_factors = False   # phi3: the LongRoPE factors of a context past the original one
         self.yarn = m("rope.scaling.type") == "yarn" and float(m("rope.scaling.factor", 1.0)) > 1.0
@@ -84,6 +92,13 @@ class ReferenceModel:
                 return d * np.log(orig / (rotations * 2 * np.pi)) / (2 * np.log(self.rope_base))
             self.yarn_low = max(0.0, np.floor(corr(float(m("rope.scaling.yarn_beta_fast", 32.0)))))
             self.yarn_high = min(d - 1.0, np.ceil(corr(float(m("rope.scaling.yarn_beta_slow", 1.0)))))
+        # Mixture of experts (GGUF keys as llama.cpp names them; gating 1 softmax, 2 sigmoid,
+        # 3 softmax over the chosen logits only).
+        self.n_expert = int(m("expert_count", 0))
+        self.n_expert_used = int(m("expert_used_count", 0))
+        self.gating = int(m("expert_gating_func", 1))
+        self.expert_norm = bool(m("expert_weights_norm", arch == "qwen3moe"))
+        self.expert_scale = float(m("expert_weights_scale", 0.0)) or 1.0
         self.gemma = arch == "gemma3"
         # Gemma 3: 5 sliding-window layers (RoPE base 10k) then 1 global layer (metadata base).
         self.window = int(m("attention.sliding_window", 0)) if self.gemma else 0
@@ -170,7 +185,7 @@ class ReferenceModel:
         else:
             q, k, v = (self.linear(h, f"blk.{i}.attn_{n}") for n in "qkv")
         q, k, v = q.reshape(T, self.n_head, hd), k.reshape(T, self.n_head_kv, hd), v.reshape(T, self.n_head_kv, hd)
-        if self.gemma:  # per-head RMSNorm of Q and K before RoPE
+        if self.has(f"blk.{i}.attn_q_norm.weight"):  # per-head RMSNorm of Q and K before RoPE (gemma3, qwen3)
             q = self.rmsnorm(q, f"blk.{i}.attn_q_norm.weight")
             k = self.rmsnorm(k, f"blk.{i}.attn_k_norm.weight")
         base = self.rope_base_local if self.is_local(i) else self.rope_base
@@ -191,7 +206,44 @@ class ReferenceModel:
         o = np.einsum("hts,shd->thd", p, v).reshape(T, self.n_head * hd)
         return self.linear(o, f"blk.{i}.attn_output")
 
+    def expert_linear(self, x, name, e):
+        """x @ expert e's matrix of the 3-D tensor `name` (.weight), as linear() does for a 2-D one."""
+        wtype = int(self.tensors[name + ".weight"].tensor_type)
+        if self.act_quant and wtype not in (0, 1, 30):
+            x = self.q8(x, 256 if 10 <= wtype <= 14 else 32)
+        return x @ self.w(name + ".weight")[e].astype(np.float64).T
+
+    def route(self, logits):
+        """(experts, weights) of one token: the k largest router outputs, their gated weights."""
+        k = self.n_expert_used
+        sel = np.argsort(-logits, kind="stable")[:k]   # torch.topk order; a tie keeps the lower id
+        if self.gating == 1:
+            p = np.exp(logits - logits.max())
+            w = (p / p.sum())[sel]
+        elif self.gating == 2:
+            w = 1.0 / (1.0 + np.exp(-logits[sel]))
+        else:
+            p = np.exp(logits[sel] - logits[sel].max())
+            w = p / p.sum()
+        if self.expert_norm:
+            w = w / w.sum()
+        return sel, w * self.expert_scale
+
+    def moe(self, h, i):
+        p = f"blk.{i}."
+        logits = self.linear(h, p + "ffn_gate_inp")
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            x = h[t:t + 1]
+            for e, wt in zip(*self.route(logits[t])):
+                g = self.expert_linear(x, p + "ffn_gate_exps", e)
+                u = self.expert_linear(x, p + "ffn_up_exps", e)
+                out[t] += wt * self.expert_linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_exps", e)[0]
+        return out
+
     def ffn(self, h, i):
+        if self.n_expert:
+            return self.moe(h, i)
         if self.has(f"blk.{i}.ffn_gate.weight"):
             g, u = self.linear(h, f"blk.{i}.ffn_gate"), self.linear(h, f"blk.{i}.ffn_up")
         else:  # phi3: gate_up_proj, gate rows first

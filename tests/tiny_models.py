@@ -48,16 +48,30 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: flo
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
-                     rope_freqs: bool = False, sinks: bool = False, out_bias: bool = False,
-                     yarn: float = 0.0) -> None:
-    """sinks, out_bias, yarn: gpt-oss's attention pieces on any architecture (attention sinks,
-    an attn_output bias, YaRN RoPE of that factor over an original context of 8)."""
+                     rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                     moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0,
+                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0) -> None:
+    """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
+    token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
+    moe=True with a dense arch: the experts beside the dense FFN (a hostile file). router_scale 1:
+    decisive routes (8-bit activation noise never flips one); 0.25: the weights of the k chosen
+    differ enough for their gating and renormalization to matter.
+    sinks, out_bias, yarn: gpt-oss's attention pieces on any architecture (attention sinks, an
+    attn_output bias, YaRN RoPE of that factor over an original context of 8)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
+    dense = arch != "qwen3moe"
+    moe = not dense if moe is None else moe
+    if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
+        keys = {"expert_count": n_expert, "expert_used_count": n_expert_used, "expert_feed_forward_length": n_ff_exp,
+                **(moe_keys or {})}
+        for key, value in keys.items():   # gating as a number: this gguf's enum lacks 3
+            w.add_uint32(f"{arch}.{key}", value) if key in ("expert_gating_func", "expert_count") \
+                else getattr(w, "add_" + key)(value)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -87,8 +101,9 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
 
     types = iter(weight_types * 1000)
 
-    def matrix(name, rows, cols, scale=None):
-        a = rng.standard_normal((rows, cols)).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
+    def matrix(name, rows, cols, scale=None, experts=0):
+        shape = (experts, rows, cols) if experts else (rows, cols)   # an expert tensor: [cols, rows, experts] in GGML
+        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
         t = next(types)
         if t == QT.F32:
             w.add_tensor(name, a)
@@ -96,7 +111,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             w.add_tensor(name, a.astype(np.float16))
         elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
             block, size = GGML_QUANT_SIZES[t]
-            w.add_tensor(name, rng.integers(0, 256, (rows, cols // block * size), dtype=np.uint8), raw_dtype=t)
+            w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
         else:
             w.add_tensor(name, quantize(a, t), raw_dtype=t)
 
@@ -114,7 +129,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         rd = head_dim * 3 // 4
         w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, rd // 2).astype(np.float32))
         w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 24.0, rd // 2).astype(np.float32))
-    if arch == "qwen2":  # untied output head
+    if arch in ("qwen2", "qwen3moe"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -134,18 +149,25 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
             vector(p + "attn_v.bias", kvd, 0.0, 0.5)
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3", "qwen3moe"):
             vector(p + "attn_q_norm.weight", head_dim)
             vector(p + "attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
             vector(p + "post_attention_norm.weight", n_embd)
             vector(p + "post_ffw_norm.weight", n_embd)
         vector(p + "ffn_norm.weight", n_embd)
-        if arch == "phi3":   # gate then up, in one tensor
+        if moe:   # the router stays F32 (llama.cpp's quantize never quantizes ffn_gate_inp)
+            w.add_tensor(p + "ffn_gate_inp.weight", (router_scale * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
+            matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
+        if dense and arch == "phi3":   # gate then up, in one tensor
             matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
-        else:
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
+        elif dense:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
-        matrix(p + "ffn_down.weight", n_embd, n_ff)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -187,7 +187,7 @@ static void chunk_runs(const pd_model *m, int l, int sq, int g, int a, int b, kv
 
 int pd_step_phases(const pd_model *m, int n) {
     const int waves = (n + m->attn_wave - 1) / m->attn_wave;
-    return 4 + m->c.n_layer * (11 + 2 * waves);
+    return 4 + m->c.n_layer * (11 + 2 * waves + (m->c.n_expert > 0 ? PD_MOE_EXTRA_PHASES : 0));
 }
 
 int pd_attention(pd_worker *w, step_ctx *s, int l) {

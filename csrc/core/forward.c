@@ -191,8 +191,10 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     if (phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_WO), pd_layer_tensor(m, l, PD_BO),
                               pd_layer_tensor(m, l, PD_POST_ATTN_NORM), n)) return -1;
 
-    /* 6. FFN: norm; gate and up in one phase (same rows -> the activation is fused); down */
+    /* 6. FFN: norm; a mixture of experts (core/moe.c), or gate and up in one phase (same rows ->
+     *    the activation is fused), then down */
     if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_FFN_NORM), d, n)) return -1;
+    if (pd_layer_is_moe(m, l)) return pd_moe_ffn(w, s, l);
     ch = pd_matmul_chunk_rows(nff, pd_layer_tensor(m, l, PD_GATE)->row_bytes + pd_layer_tensor(m, l, PD_UP)->row_bytes, w->nth);
     nc = N_CHUNKS(nff, ch);
     FOR_CHUNKS(w, nc, ci) {

@@ -55,6 +55,32 @@ static int check_vector(const pd_tensor *t, const char *short_name, int l, int64
     return PD_OK;
 }
 
+/* Layer l's mixture of experts (core/moe.c): the router and the three expert tensors, each a
+ * matrix of n_expert stacked blocks of rows. */
+static int check_experts(const pd_config *c, const pd_kernels *K, const pd_tensor *L, int l, char *err, int len) {
+    const int64_t d = c->n_embd, ne = c->n_expert, nf = c->n_ff_exp;
+    static const char *shexp[] = { "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                   "ffn_down_shexp.weight" };
+    char name[96];
+    if (ne < 1)
+        return pd_set_err(err, len, "tensor %s is present but the config has no experts (expert count 0)",
+                          full_name(name, sizeof name, "ffn_gate_inp.weight", l));
+    for (int i = 0; i < 4; i++)
+        if (L[PD_GATE_INP_SHEXP + i].data)
+            return pd_set_err(err, len, "tensor %s: shared experts are not supported yet",
+                              full_name(name, sizeof name, shexp[i], l));
+    if (L[PD_POST_FFN_NORM].data)
+        return pd_set_err(err, len, "tensor %s: a post-FFN norm after a mixture of experts is not supported",
+                          full_name(name, sizeof name, "post_ffw_norm.weight", l));
+    int rc;
+    if ((rc = check_matrix(K, &L[PD_GATE_INP], "ffn_gate_inp.weight", l, d, ne, err, len)) ||
+        (rc = check_matrix(K, &L[PD_GATE_EXPS], "ffn_gate_exps.weight", l, d, nf * ne, err, len)) ||
+        (rc = check_matrix(K, &L[PD_UP_EXPS], "ffn_up_exps.weight", l, d, nf * ne, err, len)) ||
+        (rc = check_matrix(K, &L[PD_DOWN_EXPS], "ffn_down_exps.weight", l, nf, d * ne, err, len)))
+        return rc;
+    return PD_OK;
+}
+
 static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T, int nt, char *err, int len) {
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->head_dim < 2 ||
         c->n_ff < 1 || c->n_vocab < 1 || c->n_ctx < 1 || c->n_batch < 1 || c->n_seq < 0)
@@ -64,6 +90,8 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
         return pd_set_err(err, len, "invalid rope_dim %d for head_dim %d", c->rope_dim, c->head_dim);
     if (c->n_embd % PD_QK || c->n_ff % PD_QK || (c->n_head * c->head_dim) % PD_QK)
         return pd_set_err(err, len, "model dims must be multiples of %d", PD_QK);
+    int rc0 = pd_moe_check_config(c, err, len);
+    if (rc0) return rc0;
     if (c->kv_type < PD_KV_F32 || c->kv_type > PD_KV_Q8_0)
         return pd_set_err(err, len, "unknown KV cache type %d", c->kv_type);
     if (c->kv_type == PD_KV_Q8_0 && c->head_dim % PD_QK)
@@ -97,12 +125,14 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
             (rc = check_vector(&L[PD_K_NORM], "attn_k_norm.weight", l, c->head_dim, 1, err, len)) ||
             (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)) ||
             (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
-            (rc = check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len)) ||
-            (rc = check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len)) ||
-            (rc = check_matrix(K, &L[PD_DOWN], "ffn_down.weight", l, c->n_ff, d, err, len)) ||
             (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)) ||
             (rc = check_vector(&L[PD_BO], "attn_output.bias", l, d, 1, err, len)) ||
-            (rc = check_vector(&L[PD_ATTN_SINKS], "attn_sinks.weight", l, c->n_head, 1, err, len)))
+            (rc = check_vector(&L[PD_ATTN_SINKS], "attn_sinks.weight", l, c->n_head, 1, err, len)) ||
+            (rc = L[PD_GATE_INP].data ? check_experts(c, K, L, l, err, len)
+                                      : (check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len) ||
+                                         check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len) ||
+                                         check_matrix(K, &L[PD_DOWN], "ffn_down.weight", l, c->n_ff, d, err, len))
+                                        ? PD_EINVAL : PD_OK))
             return rc;
     }
     return PD_OK;
@@ -121,6 +151,7 @@ void pd_model_free(pd_model *m) {
     free(m->summ); free(m->summ_cmax); free(m->summ_csum);
     for (int i = 0; i < m->n_repacked; i++) pd_huge_free(m->repacked[i], m->repacked_size[i]);
     free(m->repacked); free(m->repacked_size); free(m->repacked_slot); free(m->local_layers);
+    pd_moe_free(m);
     free(m);
 }
 
@@ -166,7 +197,11 @@ static int repack_slot_eligible(const pd_config *c, int i) {
     const int slot = (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
     const int qkv_ok = (c->n_head * c->head_dim) % PD_R16_ROWS == 0 &&
                        (c->n_head_kv * c->head_dim) % PD_R16_ROWS == 0;
-    return slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN ||
+    /* an expert's rows start at a row group only when n_ff_exp is whole groups (down's blocks are
+     * n_embd rows, a multiple of 32); the router's chunks are whole groups of its n_expert rows */
+    const int exps_ok = c->n_ff_exp % PD_R16_ROWS == 0;
+    return slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN || slot == PD_DOWN_EXPS ||
+           slot == PD_GATE_INP || (exps_ok && (slot == PD_GATE_EXPS || slot == PD_UP_EXPS)) ||
            (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
 }
 
@@ -250,7 +285,7 @@ size_t pd_config_memory_bytes(const pd_config *cfg) {
     size_t sz[S_N], total = kv_cache_bytes(cfg);
     scratch_sizes(cfg, sz);
     for (int i = 0; i < S_N; i++) total += sz[i];
-    return total + 2 * sz[S_IDX];   /* positions, slots and logit rows: three index buffers */
+    return total + 2 * sz[S_IDX] + pd_moe_scratch_bytes(cfg);   /* positions, slots and logit rows: three index buffers */
 }
 
 size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, int n_tensors, const char *isa) {
@@ -328,7 +363,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
              m->tmp && m->scores && m->rope_cs && m->qq && m->attn_part && m->phases && m->step && m->pool &&
-             m->pos && m->seq && m->out_idx && m->seq_next;
+             m->pos && m->seq && m->out_idx && m->seq_next && pd_moe_alloc(m) == 0;
     }
     if (ok && repack_weights(m)) {
         pd_set_err(err, err_len, "out of memory repacking the weights (%zu bytes so far; no_repack avoids it)",

@@ -10,6 +10,7 @@
 #include "kernels/kernels.h"
 #include "core/threadpool.h"
 #include "sampling/summary.h"
+#include "core/moe.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -69,6 +70,7 @@ struct pd_model {
     float *summ_cmax;          /* [summ_chunks] */
     double *summ_csum;
     int summ_chunks, summ_ready;
+    pd_moe moe;                /* the mixture-of-experts scratch (core/moe.h) */
     char err[256];
 };
 
@@ -88,12 +90,21 @@ typedef struct {
 } step_ctx;
 
 
+/* Layer l's mixture-of-experts FFN (moe.c), after the FFN norm left its input in xn / xq / xqk:
+ * x += sum over the token's k experts of weight x expert(xn). -1: fell behind. */
+int pd_moe_ffn(pd_worker *w, step_ctx *s, int l);
+/* Whether layer l's FFN is a mixture of experts (its router is present). */
+static inline int pd_layer_is_moe(const pd_model *m, int l);
+
 /* Writes a message into an error buffer (pd_model's err, or pd_model_new's); returns PD_EINVAL. */
 int pd_set_err(char *buf, int len, const char *fmt, ...);
 
 /* Tensor `slot` (PD_ATTN_NORM..) of layer l. */
 static inline const pd_tensor *pd_layer_tensor(const pd_model *m, int l, int slot) {
     return &m->lt[(size_t)l * PD_LAYER_SLOTS + slot];
+}
+static inline int pd_layer_is_moe(const pd_model *m, int l) {
+    return pd_layer_tensor(m, l, PD_GATE_INP)->data != NULL;
 }
 /* The output head: output.weight, or the embedding table it is tied to. */
 static inline const pd_tensor *pd_head(const pd_model *m) {

@@ -34,12 +34,18 @@ def info(model, model_arg):
     click.echo(f"name            {g.metadata.get('general.name', '?')}")
     click.echo(f"architecture    {c.arch}: {c.n_layer} layers, d_model {c.n_embd}, {c.n_head} heads "
                f"({c.n_head_kv} kv), head_dim {c.head_dim}, ffn {c.n_ff}, vocab {c.n_vocab}")
+    if c.n_expert:
+        click.echo(f"experts         {c.n_expert} per layer, {c.n_expert_used} per token, ffn {c.n_ff_exp}; "
+                   f"gating {c.expert_gating}{', renormalized' if c.expert_norm else ''}"
+                   f"{f', x {c.expert_scale:g}' if c.expert_scale else ''}")
     click.echo(f"parameters      {n_params / 1e6:.1f} M")
     click.echo(f"context         {c.n_ctx_train} tokens (trained); rope base {c.rope_base:g}, dims {c.rope_dim}")
     click.echo(f"output head     {'tied to token_embd' if c.tied_output else 'output.weight'}")
     click.echo("quant mix       " + ", ".join(f"{k}: {mix[k]} tensors, {by_bytes[k] / 1e6:.1f} MB"
                                              for k in sorted(mix, key=lambda k: -by_bytes[k])))
-    click.echo(f"weights/token   {per_token / 1e6:.1f} MB read per decoded token")
+    total = c.weight_bytes_per_token(g, active=False)
+    click.echo(f"weights/token   {per_token / 1e6:.1f} MB read per decoded token" + (
+        f" ({c.n_expert_used} of {c.n_expert} experts; {total / 1e6:.1f} MB with all of them)" if c.n_expert else ""))
     click.echo(f"KV cache        {kv} bytes per token (F16), {kv * c.n_ctx_train / 1e6:.1f} MB at full context")
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
     try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
