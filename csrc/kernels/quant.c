@@ -32,6 +32,9 @@ static type_traits traits(int type) {
     case PD_Q4_K: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
     case PD_Q5_K: return (type_traits){256, sizeof(pd_block_q5_k), PD_ACT_Q8K};
     case PD_Q6_K: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
+    case PD_IQ4_NL: return (type_traits){32, sizeof(pd_block_iq4_nl), PD_ACT_Q8};
+    case PD_MXFP4:  return (type_traits){32, sizeof(pd_block_mxfp4), PD_ACT_Q8};
+    case PD_IQ4_XS: return (type_traits){256, sizeof(pd_block_iq4_xs), PD_ACT_Q8K};
     default:      return (type_traits){0, 0, PD_ACT_NONE};
     }
 }
@@ -155,6 +158,18 @@ void pd_unpack_kblock(int type, const void *blk, pd_kblock *o) {
         }
         break;
     }
+    case PD_IQ4_XS: {   /* formats.h: the codebook's int8 values, each sub-block's scale in both halves */
+        const pd_block_iq4_xs *b = blk;
+        o->d = pd_f16_to_f32_inline(b->d);
+        for (int ib = 0; ib < 8; ib++) {
+            o->sc[2 * ib] = o->sc[2 * ib + 1] = (int16_t)pd_iq4xs_scale(b, ib);
+            for (int j = 0; j < 16; j++) {
+                o->q[32 * ib + j] = pd_kvalues_iq4nl[b->qs[16 * ib + j] & 0xf];
+                o->q[32 * ib + 16 + j] = pd_kvalues_iq4nl[b->qs[16 * ib + j] >> 4];
+            }
+        }
+        break;
+    }
     default:
         memset(o, 0, sizeof *o);
     }
@@ -193,6 +208,24 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
             const pd_block_q8_0 *x = (const pd_block_q8_0 *)w + b;
             float d = pd_f16_to_f32_inline(x->d);
             for (int j = 0; j < 32; j++) y[b * 32 + j] = d * x->qs[j];
+        }
+        return 0;
+    case PD_IQ4_NL: case PD_MXFP4:   /* d * codebook[nibble], one rounding, as gguf */
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *qs;
+            const int8_t *kv;
+            float d;
+            if (type == PD_IQ4_NL) {
+                const pd_block_iq4_nl *x = (const pd_block_iq4_nl *)w + b;
+                d = pd_f16_to_f32_inline(x->d); qs = x->qs; kv = pd_kvalues_iq4nl;
+            } else {
+                const pd_block_mxfp4 *x = (const pd_block_mxfp4 *)w + b;
+                d = pd_e8m0_half(x->e); qs = x->qs; kv = pd_kvalues_mxfp4;
+            }
+            for (int j = 0; j < 16; j++) {
+                y[b * 32 + j] = d * (float)kv[qs[j] & 0xf];
+                y[b * 32 + j + 16] = d * (float)kv[qs[j] >> 4];
+            }
         }
         return 0;
     case PD_Q4_0: case PD_Q4_1:
