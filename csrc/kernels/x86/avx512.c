@@ -376,6 +376,8 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * exported as pd_avx512_matmul_q2_k .. q6_k. */
 pd_matmul_fn_t pd_avx512_matmul_q2_k, pd_avx512_matmul_q3_k, pd_avx512_matmul_q4_k, pd_avx512_matmul_q5_k,
     pd_avx512_matmul_q6_k;
+/* x86/avx512_iq4.c and x86/avx512_kquant.c: the codebook formats IQ4_NL, MXFP4 and IQ4_XS. */
+pd_matmul_fn_t pd_avx512_matmul_iq4_nl, pd_avx512_matmul_mxfp4, pd_avx512_matmul_iq4_xs;
 /* x86/avx512_kr16.c: Q4_K and Q6_K repacked by 16 rows. */
 pd_matmul_fn_t pd_avx512_matmul_q4_k_r16, pd_avx512_matmul_q6_k_r16;
 
@@ -558,6 +560,8 @@ void pd_avx512_attn_accum_mh(int kv_type, int nh, int hd, float *out, const floa
 const pd_kernels pd_kernels_avx512 = PD_TABLE_OVER_AVX2(
     "avx512", PD_BLOCK_MATMULS_OWN, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,
     .matmul[PD_F32] = matmul_f32, .matmul[PD_F16] = matmul_f16, .matmul[PD_BF16] = matmul_bf16,
+    .matmul[PD_IQ4_NL] = pd_avx512_matmul_iq4_nl, .matmul[PD_IQ4_XS] = pd_avx512_matmul_iq4_xs,
+    .matmul[PD_MXFP4] = pd_avx512_matmul_mxfp4,
     .matmul[PD_Q4_K_R16] = pd_avx512_matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = pd_avx512_matmul_q6_k_r16,
     .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above,
     .attn_scores_mh = pd_avx512_attn_scores_mh, .attn_accum_mh = pd_avx512_attn_accum_mh);
