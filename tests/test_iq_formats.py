@@ -210,6 +210,47 @@ def test_other_formats_still_refused():
                                     1, ffi.from_buffer("float[]", y)) == lib.PD_EINVAL
 
 
+# ---------------------------------------------------------------- IQ4_NL repacked by 16 rows
+
+
+def matmul_repacked(isa, qtype, wb, nrows, k, x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.full((x.shape[0], nrows), np.nan, np.float32)
+    assert lib.pd_kernel_matmul_repacked(isa.encode(), int(qtype), ffi.from_buffer(wb), wb.shape[1], nrows, k,
+                                         ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", y)) == lib.PD_OK
+    return y
+
+
+@pytest.mark.parametrize("isa", X86_ISAS)
+@pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 8), (48, 3), (32, 17), (64, 9)])
+def test_iq4_nl_repacked_vs_gguf_and_its_twin(isa, nrows, ncols):
+    """PD_IQ4_NL_R16 (formats.h: Q4_0's 16-row record, the nibbles codebook indices), where a table
+    has it (AVX-512; the others keep the file's layout): against the gguf oracle, bit for bit
+    against its plain-C twin, and within the scalar-vs-SIMD tolerance of the file-layout kernel."""
+    _supported(isa)
+    if isa != "scalar" and not lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_NL)):
+        pytest.skip(f"no repacked IQ4_NL kernel in the {isa} table")
+    for k in KS[QT.IQ4_NL]:
+        wb, wd = iq_weights(QT.IQ4_NL, nrows, k)
+        x = acts(ncols, k)
+        y = matmul_repacked(isa, QT.IQ4_NL, wb, nrows, k, x)
+        check_against_oracle(y, wd, x, QT.IQ4_NL)
+        assert y.tobytes() == matmul_repacked("scalar", QT.IQ4_NL, wb, nrows, k, x).tobytes()
+        xa, _ = _act_dq(QT.IQ4_NL, x)
+        tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
+        assert (np.abs(y - matmul(isa, QT.IQ4_NL, wb, nrows, k, x)) <= tol).all()
+        cols = np.concatenate([matmul_repacked(isa, QT.IQ4_NL, wb, nrows, k, x[c:c + 1]) for c in range(ncols)])
+        assert cols.tobytes() == y.tobytes()    # a column's result does not depend on its neighbours
+
+
+def test_avx512_has_the_repacked_iq4_nl():
+    if not lib.pd_isa_supported(b"avx512"):
+        pytest.skip("no AVX-512 here")
+    assert lib.pd_kernel_has_repacked(b"avx512", int(QT.IQ4_NL))
+    assert not lib.pd_kernel_has_repacked(b"avx512", int(QT.MXFP4))
+    assert not lib.pd_kernel_has_repacked(b"avx512", int(QT.IQ4_XS))
+
+
 # ---------------------------------------------------------------- whole models in these formats
 
 # (IQ4_XS blocks are 256 values: every matrix's row length is a multiple of 256)
@@ -231,13 +272,18 @@ def iq_model(request, tmp_path_factory):
     return path
 
 
+@pytest.mark.parametrize("repack", [True, False], ids=["repack", "file"])
 @pytest.mark.parametrize("isa", X86_ISAS)
-def test_tiny_model_matches_reference(iq_model, isa):
+def test_tiny_model_matches_reference(iq_model, isa, repack):
     _supported(isa)
     toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
     ref = ReferenceModel(iq_model).logits(toks)
-    with pydecode.Model(iq_model, n_ctx=64, n_threads=2, isa=isa) as m:
+    with pydecode.Model(iq_model, n_ctx=64, n_threads=2, isa=isa, repack=repack) as m:
         ours = m.prefill(toks, all_logits=True).copy()
+        packed = {t for _, t, _ in m.repacked}
+    has_nl = QT.IQ4_NL in MIXES[iq_model.stem.removeprefix("tiny-")]
+    want = repack and has_nl and bool(lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_NL)))
+    assert ("IQ4_NL" in packed) == want, packed
     assert _rel(ours, ref) <= REL_RMS_TOL
     assert np.mean(np.argmax(ours, 1) == np.argmax(ref, 1)) >= 0.75
 

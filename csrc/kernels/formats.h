@@ -19,7 +19,7 @@ enum {
     PD_Q6_K = 14, PD_Q8_K = 15, PD_IQ4_NL = 20, PD_IQ4_XS = 23, PD_BF16 = 30, PD_MXFP4 = 39,
     /* Our own layouts, built at load (pd_repack), never read from a file: ids past GGML's. */
     PD_FIRST_REPACKED = 48, PD_Q4_0_R16 = 48, PD_Q4_1_R16 = 49, PD_Q5_0_R16 = 50, PD_Q5_1_R16 = 51,
-    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_NTYPES = 55
+    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_IQ4_NL_R16 = 55, PD_NTYPES = 56
 };
 
 /* Activation formats a weight type pairs with. */
@@ -134,18 +134,20 @@ _Static_assert(sizeof(pd_block_iq4_nl) == 18 && sizeof(pd_block_mxfp4) == 17 && 
  *     acc = fma(float(sum(u * a)), d * dx, acc);  acc = fma(mw, s, acc)
  * with mw = m (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16, Q8_0: 128) and s = dx * sum(a):
  * the offset leaves as a float term, not an integer one, within the kernels' float tolerance.
+ * PD_IQ4_NL_R16: Q4_0's record, its nibbles codebook indices: u = pd_kvalues_iq4nl[nibble] + 128,
+ * offset 128 (as Q8_0's); only tables with a byte-shuffle lookup in their R16 tile have it (AVX-512).
  * Against the file's layout, which needs per row a convert, a scale permute and an fma per
  * 64 values, this is 8 integer and 3 float instructions per 32 values for 16 rows. */
 enum { PD_R16_ROWS = 16 };
 #define PD_REPACK_ROWS PD_R16_ROWS
 static inline int pd_r16_file_type(int rt) {
     return rt == PD_Q4_0_R16 ? PD_Q4_0 : rt == PD_Q4_1_R16 ? PD_Q4_1 : rt == PD_Q5_0_R16 ? PD_Q5_0
-         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : -1;
+         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : rt == PD_IQ4_NL_R16 ? PD_IQ4_NL : -1;
 }
 static inline int pd_r16_has_min(int rt) { return rt == PD_Q4_1_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_has_hmask(int rt) { return rt == PD_Q5_0_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_offset(int rt) {
-    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 ? 128 : 0;
+    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 || rt == PD_IQ4_NL_R16 ? 128 : 0;
 }
 static inline size_t pd_r16_m_off(int rt) { (void)rt; return 32; }
 static inline size_t pd_r16_hmask_off(int rt) { return pd_r16_has_min(rt) ? 64 : 32; }

@@ -22,6 +22,7 @@ static type_traits traits(int type) {
     case PD_Q5_0_R16: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1_R16: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0_R16: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
+    case PD_IQ4_NL_R16: return (type_traits){32, sizeof(pd_block_iq4_nl), PD_ACT_Q8};
     case PD_Q4_K_R16: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
     case PD_Q6_K_R16: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
@@ -57,7 +58,8 @@ const char *pd_type_name(int type) {
     if (type >= PD_FIRST_REPACKED && type < PD_NTYPES) {
         static const char *const r16[] = { "Q4_0 (16-row repack)", "Q4_1 (16-row repack)", "Q5_0 (16-row repack)",
                                            "Q5_1 (16-row repack)", "Q8_0 (16-row repack)",
-                                           "Q4_K (16-row repack)", "Q6_K (16-row repack)" };
+                                           "Q4_K (16-row repack)", "Q6_K (16-row repack)",
+                                           "IQ4_NL (16-row repack)" };
         return r16[type - PD_FIRST_REPACKED];
     }
     return type >= 0 && type < n ? type_names[type] : "unknown";
@@ -281,6 +283,7 @@ int pd_repacked_type(int type) {
     case PD_Q8_0: return PD_Q8_0_R16;
     case PD_Q4_K: return PD_Q4_K_R16;
     case PD_Q6_K: return PD_Q6_K_R16;
+    case PD_IQ4_NL: return PD_IQ4_NL_R16;
     default: return -1;
     }
 }
@@ -296,6 +299,7 @@ static void file_block(int type, const char *blk, uint16_t *d, uint16_t *m, uint
     case PD_Q5_0: memcpy(qh, blk + offsetof(pd_block_q5_0, qh), 4); *qs = (const uint8_t *)blk + offsetof(pd_block_q5_0, qs); break;
     case PD_Q5_1: memcpy(m, blk + 2, 2); memcpy(qh, blk + offsetof(pd_block_q5_1, qh), 4);
                   *qs = (const uint8_t *)blk + offsetof(pd_block_q5_1, qs); break;
+    case PD_IQ4_NL: *qs = (const uint8_t *)blk + offsetof(pd_block_iq4_nl, qs); break;
     default:      *qs = (const uint8_t *)blk + offsetof(pd_block_q8_0, qs); break;
     }
 }
