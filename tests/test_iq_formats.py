@@ -210,7 +210,9 @@ def test_other_formats_still_refused():
                                     1, ffi.from_buffer("float[]", y)) == lib.PD_EINVAL
 
 
-# ---------------------------------------------------------------- IQ4_NL repacked by 16 rows
+# ---------------------------------------------------------------- IQ4_NL, MXFP4 repacked by 16 rows
+
+R16_TYPES = [QT.IQ4_NL, QT.MXFP4]
 
 
 def matmul_repacked(isa, qtype, wb, nrows, k, x):
@@ -222,33 +224,39 @@ def matmul_repacked(isa, qtype, wb, nrows, k, x):
 
 
 @pytest.mark.parametrize("isa", X86_ISAS)
+@pytest.mark.parametrize("qtype", R16_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 8), (48, 3), (32, 17), (64, 9)])
-def test_iq4_nl_repacked_vs_gguf_and_its_twin(isa, nrows, ncols):
-    """PD_IQ4_NL_R16 (formats.h: Q4_0's 16-row record, the nibbles codebook indices), where a table
-    has it (AVX-512; the others keep the file's layout): against the gguf oracle, bit for bit
-    against its plain-C twin, and within the scalar-vs-SIMD tolerance of the file-layout kernel."""
+def test_repacked_vs_gguf_and_its_twin(isa, qtype, nrows, ncols):
+    """PD_IQ4_NL_R16 / PD_MXFP4_R16 (formats.h: 16-row records, the nibbles codebook indices), where
+    a table has them (AVX-512, AVX-VNNI; the others keep the file's layout): against the gguf
+    oracle, bit for bit against the plain-C twin, within the scalar-vs-SIMD tolerance of the
+    file-layout kernel, and a column's result independent of its neighbours."""
     _supported(isa)
-    if isa != "scalar" and not lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_NL)):
-        pytest.skip(f"no repacked IQ4_NL kernel in the {isa} table")
-    for k in KS[QT.IQ4_NL]:
-        wb, wd = iq_weights(QT.IQ4_NL, nrows, k)
+    if isa != "scalar" and not lib.pd_kernel_has_repacked(isa.encode(), int(qtype)):
+        pytest.skip(f"no repacked {qtype.name} kernel in the {isa} table")
+    for k in KS[qtype]:
+        wb, wd = iq_weights(qtype, nrows, k)
         x = acts(ncols, k)
-        y = matmul_repacked(isa, QT.IQ4_NL, wb, nrows, k, x)
-        check_against_oracle(y, wd, x, QT.IQ4_NL)
-        assert y.tobytes() == matmul_repacked("scalar", QT.IQ4_NL, wb, nrows, k, x).tobytes()
-        xa, _ = _act_dq(QT.IQ4_NL, x)
+        y = matmul_repacked(isa, qtype, wb, nrows, k, x)
+        check_against_oracle(y, wd, x, qtype)
+        assert y.tobytes() == matmul_repacked("scalar", qtype, wb, nrows, k, x).tobytes()
+        xa, _ = _act_dq(qtype, x)
         tol = 2 * TIGHT_REL * (np.abs(xa) @ np.abs(wd).T) + 1e-30
-        assert (np.abs(y - matmul(isa, QT.IQ4_NL, wb, nrows, k, x)) <= tol).all()
-        cols = np.concatenate([matmul_repacked(isa, QT.IQ4_NL, wb, nrows, k, x[c:c + 1]) for c in range(ncols)])
-        assert cols.tobytes() == y.tobytes()    # a column's result does not depend on its neighbours
+        assert (np.abs(y - matmul(isa, qtype, wb, nrows, k, x)) <= tol).all()
+        cols = np.concatenate([matmul_repacked(isa, qtype, wb, nrows, k, x[c:c + 1]) for c in range(ncols)])
+        assert cols.tobytes() == y.tobytes()
 
 
-def test_avx512_has_the_repacked_iq4_nl():
-    if not lib.pd_isa_supported(b"avx512"):
-        pytest.skip("no AVX-512 here")
-    assert lib.pd_kernel_has_repacked(b"avx512", int(QT.IQ4_NL))
-    assert not lib.pd_kernel_has_repacked(b"avx512", int(QT.MXFP4))
-    assert not lib.pd_kernel_has_repacked(b"avx512", int(QT.IQ4_XS))
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avxvnni_evex", "avx512"])
+def test_which_tables_repack_the_codebook_formats(isa):
+    """The 16-row records of IQ4_NL and MXFP4 where the table's tile can look the codebook up into
+    unsigned bytes for vpdpbusd (AVX-512, AVX-VNNI); AVX2's vpmaddubsw would saturate on them. IQ4_XS
+    (like Q2_K .. Q5_K) has no repacked layout."""
+    _supported(isa)
+    vnni = isa != "avx2"
+    for t in R16_TYPES:
+        assert bool(lib.pd_kernel_has_repacked(isa.encode(), int(t))) == vnni, t.name
+    assert not lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_XS))
 
 
 # ---------------------------------------------------------------- whole models in these formats
@@ -281,9 +289,9 @@ def test_tiny_model_matches_reference(iq_model, isa, repack):
     with pydecode.Model(iq_model, n_ctx=64, n_threads=2, isa=isa, repack=repack) as m:
         ours = m.prefill(toks, all_logits=True).copy()
         packed = {t for _, t, _ in m.repacked}
-    has_nl = QT.IQ4_NL in MIXES[iq_model.stem.removeprefix("tiny-")]
-    want = repack and has_nl and bool(lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_NL)))
-    assert ("IQ4_NL" in packed) == want, packed
+    for t in R16_TYPES:
+        want = repack and t in MIXES[iq_model.stem.removeprefix("tiny-")] and lib.pd_kernel_has_repacked(isa.encode(), int(t))
+        assert (t.name in packed) == bool(want), (t.name, packed)
     assert _rel(ours, ref) <= REL_RMS_TOL
     assert np.mean(np.argmax(ours, 1) == np.argmax(ref, 1)) >= 0.75
 

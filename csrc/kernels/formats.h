@@ -19,7 +19,7 @@ enum {
     PD_Q6_K = 14, PD_Q8_K = 15, PD_IQ4_NL = 20, PD_IQ4_XS = 23, PD_BF16 = 30, PD_MXFP4 = 39,
     /* Our own layouts, built at load (pd_repack), never read from a file: ids past GGML's. */
     PD_FIRST_REPACKED = 48, PD_Q4_0_R16 = 48, PD_Q4_1_R16 = 49, PD_Q5_0_R16 = 50, PD_Q5_1_R16 = 51,
-    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_IQ4_NL_R16 = 55, PD_NTYPES = 56
+    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_IQ4_NL_R16 = 55, PD_MXFP4_R16 = 56, PD_NTYPES = 57
 };
 
 /* Activation formats a weight type pairs with. */
@@ -134,25 +134,32 @@ _Static_assert(sizeof(pd_block_iq4_nl) == 18 && sizeof(pd_block_mxfp4) == 17 && 
  *     acc = fma(float(sum(u * a)), d * dx, acc);  acc = fma(mw, s, acc)
  * with mw = m (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16, Q8_0: 128) and s = dx * sum(a):
  * the offset leaves as a float term, not an integer one, within the kernels' float tolerance.
- * PD_IQ4_NL_R16: Q4_0's record, its nibbles codebook indices: u = pd_kvalues_iq4nl[nibble] + 128,
- * offset 128 (as Q8_0's); only tables with a byte-shuffle lookup in their R16 tile have it (AVX-512).
+ * The codebook formats (only tables with a byte-shuffle lookup in their R16 tile have them: AVX-512,
+ * AVX-VNNI): their nibbles are indices, u = codebook[nibble] + 128, offset 128 (as Q8_0's).
+ *     PD_IQ4_NL_R16: Q4_0's record;  PD_MXFP4_R16: uint8 e[16] (the rows' E8M0 bytes), then qs[256]
+ *     (272 bytes: 16 file blocks exactly), d = pd_e8m0_half(e).
  * Against the file's layout, which needs per row a convert, a scale permute and an fma per
  * 64 values, this is 8 integer and 3 float instructions per 32 values for 16 rows. */
 enum { PD_R16_ROWS = 16 };
 #define PD_REPACK_ROWS PD_R16_ROWS
 static inline int pd_r16_file_type(int rt) {
     return rt == PD_Q4_0_R16 ? PD_Q4_0 : rt == PD_Q4_1_R16 ? PD_Q4_1 : rt == PD_Q5_0_R16 ? PD_Q5_0
-         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : rt == PD_IQ4_NL_R16 ? PD_IQ4_NL : -1;
+         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : rt == PD_IQ4_NL_R16 ? PD_IQ4_NL
+         : rt == PD_MXFP4_R16 ? PD_MXFP4 : -1;
+}
+/* The codebook of a repacked codebook format (NULL for the others). */
+static inline const int8_t *pd_r16_codebook(int rt) {
+    return rt == PD_IQ4_NL_R16 ? pd_kvalues_iq4nl : rt == PD_MXFP4_R16 ? pd_kvalues_mxfp4 : NULL;
 }
 static inline int pd_r16_has_min(int rt) { return rt == PD_Q4_1_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_has_hmask(int rt) { return rt == PD_Q5_0_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_offset(int rt) {
-    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 || rt == PD_IQ4_NL_R16 ? 128 : 0;
+    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 || pd_r16_codebook(rt) ? 128 : 0;
 }
 static inline size_t pd_r16_m_off(int rt) { (void)rt; return 32; }
 static inline size_t pd_r16_hmask_off(int rt) { return pd_r16_has_min(rt) ? 64 : 32; }
 static inline size_t pd_r16_qs_off(int rt) {
-    return 32 + (pd_r16_has_min(rt) ? 32 : 0) + (pd_r16_has_hmask(rt) ? 64 : 0);
+    return rt == PD_MXFP4_R16 ? 16 : 32 + (pd_r16_has_min(rt) ? 32 : 0) + (pd_r16_has_hmask(rt) ? 64 : 0);
 }
 static inline size_t pd_r16_bytes(int rt) { return pd_r16_qs_off(rt) + (rt == PD_Q8_0_R16 ? 512 : 256); }
 /* The repacked type of a file type (-1: none), and the repacking of nrows (a multiple of

@@ -23,6 +23,7 @@ static type_traits traits(int type) {
     case PD_Q5_1_R16: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0_R16: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
     case PD_IQ4_NL_R16: return (type_traits){32, sizeof(pd_block_iq4_nl), PD_ACT_Q8};
+    case PD_MXFP4_R16: return (type_traits){32, sizeof(pd_block_mxfp4), PD_ACT_Q8};
     case PD_Q4_K_R16: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
     case PD_Q6_K_R16: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
@@ -59,7 +60,7 @@ const char *pd_type_name(int type) {
         static const char *const r16[] = { "Q4_0 (16-row repack)", "Q4_1 (16-row repack)", "Q5_0 (16-row repack)",
                                            "Q5_1 (16-row repack)", "Q8_0 (16-row repack)",
                                            "Q4_K (16-row repack)", "Q6_K (16-row repack)",
-                                           "IQ4_NL (16-row repack)" };
+                                           "IQ4_NL (16-row repack)", "MXFP4 (16-row repack)" };
         return r16[type - PD_FIRST_REPACKED];
     }
     return type >= 0 && type < n ? type_names[type] : "unknown";
@@ -284,6 +285,7 @@ int pd_repacked_type(int type) {
     case PD_Q4_K: return PD_Q4_K_R16;
     case PD_Q6_K: return PD_Q6_K_R16;
     case PD_IQ4_NL: return PD_IQ4_NL_R16;
+    case PD_MXFP4: return PD_MXFP4_R16;
     default: return -1;
     }
 }
@@ -300,6 +302,7 @@ static void file_block(int type, const char *blk, uint16_t *d, uint16_t *m, uint
     case PD_Q5_1: memcpy(m, blk + 2, 2); memcpy(qh, blk + offsetof(pd_block_q5_1, qh), 4);
                   *qs = (const uint8_t *)blk + offsetof(pd_block_q5_1, qs); break;
     case PD_IQ4_NL: *qs = (const uint8_t *)blk + offsetof(pd_block_iq4_nl, qs); break;
+    case PD_MXFP4: *d = (uint8_t)blk[0]; *qs = (const uint8_t *)blk + offsetof(pd_block_mxfp4, qs); break;
     default:      *qs = (const uint8_t *)blk + offsetof(pd_block_q8_0, qs); break;
     }
 }
@@ -322,7 +325,8 @@ int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, vo
                 uint32_t qh;
                 const uint8_t *qs;
                 file_block(type, (const char *)src + (size_t)(r + j) * src_stride + (size_t)b * fb, &d, &m, &qh, &qs);
-                memcpy(dd + j, &d, 2);
+                if (rt == PD_MXFP4_R16) ((uint8_t *)out)[j] = (uint8_t)d;   /* e[16] */
+                else memcpy(dd + j, &d, 2);
                 if (pd_r16_has_min(rt)) memcpy(mm + j, &m, 2);
                 for (int h = 0; h < 8; h++)
                     for (int t = 0; t < 4; t++) hm[h] |= (uint64_t)((qh >> (4 * h + t)) & 1) << (4 * j + t);

@@ -178,11 +178,11 @@ void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, co
                         for (int t = 0; t < 4; t++) {
                             int u = q8 ? qs[64 * h + 4 * j + t]
                                        : (h < 4 ? qs[64 * h + 4 * j + t] & 0xF : qs[64 * (h - 4) + 4 * j + t] >> 4);
-                            if (rt == PD_IQ4_NL_R16) u = pd_kvalues_iq4nl[u] + 128;   /* formats.h */
+                            if (pd_r16_codebook(rt)) u = pd_r16_codebook(rt)[u] + 128;   /* formats.h */
                             u += (int)((hm[h] >> (4 * j + t)) & 1) * 16;
                             dot += u * xc[b].qs[4 * h + t];
                         }
-                    const float dw = pd_f16_to_f32(d);
+                    const float dw = rt == PD_MXFP4_R16 ? pd_e8m0_half((uint8_t)blk[j]) : pd_f16_to_f32(d);
                     const float mw = pd_r16_has_min(rt) ? pd_f16_to_f32(m) : dw * (float)-pd_r16_offset(rt);
                     acc = fmaf((float)dot, dw * xc[b].d, acc);
                     acc = fmaf(mw, xc[b].s, acc);

@@ -146,9 +146,12 @@ PD_K_MATMUL(matmul_iq4_xs, T_IQ4_XS)
 /* The legacy formats repacked by 16 rows (kernels/x86/r16_256.h), with vpdpbusd. */
 #define R16_DOT(acc, u, p) _mm256_dpbusd_avx_epi32((acc), (u), _mm256_set1_epi32(ld32(p)))
 #include "kernels/x86/r16_256.h"
+PD_R16_MATMUL(matmul_iq4_nl_r16, PD_IQ4_NL_R16)   /* the codebook formats' records (u <= 241: vpdpbusd) */
+PD_R16_MATMUL(matmul_mxfp4_r16, PD_MXFP4_R16)
 
 /* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
  * nothing from VNNI (the header), nor do the sampler's passes. */
 const pd_kernels PD_AVXVNNI_TABLE = PD_TABLE_OVER_AVX2(PD_AVXVNNI_NAME, PD_BLOCK_MATMULS_OWN, PD_IQ4_MATMULS_OWN,
-    .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
+    .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16,
+    .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16, .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16);
 #endif

@@ -103,6 +103,13 @@ AI __m128 load_e4(const char *p, size_t stride, int R) {
     return _mm_and_ps(_mm_castsi128_ps(v), _mm_castsi128_ps(_mm_setr_epi32(-1, R > 1 ? -1 : 0, R > 2 ? -1 : 0,
                                                                              R > 3 ? -1 : 0)));
 }
+/* 8 E8M0 bytes at p as 2^(e - 128) (load_e4's arithmetic): the rows' scales of a PD_MXFP4_R16 record. */
+AI __m256 load_e8(const char *p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
 /* A block's scale for rows 0..R-1 of a tile: f16 at the block's start, MXFP4's E8M0 byte. */
 AI __m128 load_scale4(int T, const char *p, size_t stride, int R) {
     return T == T_MXFP4 ? load_e4(p, stride, R) : load_h4(p, stride, R);
@@ -119,6 +126,8 @@ AI __m256i codebook256(int T, int biased) {
 AI __m256i codebook_lookup(int T, const char *blk, int biased) {
     return _mm256_shuffle_epi8(codebook256(T, biased), nibbles(blk + cb_qs_off(T)));
 }
+/* The codebook table (+ 128) of a repacked codebook format, in both 128-bit lanes. */
+AI __m256i r16_codebook256(int RT) { return codebook256(RT == PD_MXFP4_R16 ? T_MXFP4 : T_IQ4_NL, 1); }
 
 AI __m256 bcast_lane(__m256 v2, int r) {   /* v2 holds the same 4 floats in both halves */
     switch (r) {

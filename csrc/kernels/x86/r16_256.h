@@ -45,7 +45,7 @@ AI void r16_block_scales(int RT, const char *blk, int half, __m256 *dw, __m256 *
     const size_t rb = pd_r16_bytes(RT);
 #pragma GCC unroll 9
     for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
-    *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+    *dw = RT == PD_MXFP4_R16 ? load_e8(blk + 8 * half) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
     *mw = pd_r16_has_min(RT) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + pd_r16_m_off(RT) + 16 * half)))
                              : _mm256_mul_ps(*dw, _mm256_set1_ps((float)-pd_r16_offset(RT)));
 }
@@ -76,6 +76,10 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                 u[g] = _mm256_and_si256(v, lo4);
                 u[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
             }
+            if (pd_r16_codebook(RT)) {   /* the codebook formats: u = codebook[nibble] + 128 */
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) u[h] = _mm256_shuffle_epi8(r16_codebook256(RT), u[h]);
+            }
             if (pd_r16_has_hmask(RT)) {
                 const char *hm = blk + pd_r16_hmask_off(RT) + 4 * half;
 #pragma GCC unroll 8
@@ -98,7 +102,7 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                     s0 = R16_DOT_Q8(s0, u[g], xb->qs + 4 * g);
                     s1 = R16_DOT_Q8(s1, u[g + 4], xb->qs + 16 + 4 * g);
                 }
-            } else if (R16_HAS_PAIRS) {
+            } else if (R16_HAS_PAIRS && !pd_r16_codebook(RT)) {
                 /* int16 sums of the vpmaddubsw pairs, widened once (R16_PAIRS, see the top) */
                 __m256i p0 = R16_PAIRS(u[0], xb->qs), p1 = R16_PAIRS(u[4], xb->qs + 16);
 #pragma GCC unroll 3
