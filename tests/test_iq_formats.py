@@ -228,7 +228,7 @@ def matmul_repacked(isa, qtype, wb, nrows, k, x):
 @pytest.mark.parametrize("nrows,ncols", [(16, 1), (16, 8), (48, 3), (32, 17), (64, 9)])
 def test_repacked_vs_gguf_and_its_twin(isa, qtype, nrows, ncols):
     """PD_IQ4_NL_R16 / PD_MXFP4_R16 (formats.h: 16-row records, the nibbles codebook indices), where
-    a table has them (AVX-512, AVX-VNNI; the others keep the file's layout): against the gguf
+    a table has them (every x86 table; ARM keeps the file's layout): against the gguf
     oracle, bit for bit against the plain-C twin, within the scalar-vs-SIMD tolerance of the
     file-layout kernel, and a column's result independent of its neighbours."""
     _supported(isa)
@@ -249,13 +249,12 @@ def test_repacked_vs_gguf_and_its_twin(isa, qtype, nrows, ncols):
 
 @pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avxvnni_evex", "avx512"])
 def test_which_tables_repack_the_codebook_formats(isa):
-    """The 16-row records of IQ4_NL and MXFP4 where the table's tile can look the codebook up into
-    unsigned bytes for vpdpbusd (AVX-512, AVX-VNNI); AVX2's vpmaddubsw would saturate on them. IQ4_XS
-    (like Q2_K .. Q5_K) has no repacked layout."""
+    """Every x86 table has the 16-row records of IQ4_NL and MXFP4 (AVX2 splits the looked-up bytes
+    into nibbles for vpmaddubsw, as its Q8_0 records); IQ4_XS (like Q2_K, Q3_K, Q5_K) keeps the
+    file's layout."""
     _supported(isa)
-    vnni = isa != "avx2"
     for t in R16_TYPES:
-        assert bool(lib.pd_kernel_has_repacked(isa.encode(), int(t))) == vnni, t.name
+        assert lib.pd_kernel_has_repacked(isa.encode(), int(t)), t.name
     assert not lib.pd_kernel_has_repacked(isa.encode(), int(QT.IQ4_XS))
 
 

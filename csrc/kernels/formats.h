@@ -134,8 +134,8 @@ _Static_assert(sizeof(pd_block_iq4_nl) == 18 && sizeof(pd_block_mxfp4) == 17 && 
  *     acc = fma(float(sum(u * a)), d * dx, acc);  acc = fma(mw, s, acc)
  * with mw = m (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16, Q8_0: 128) and s = dx * sum(a):
  * the offset leaves as a float term, not an integer one, within the kernels' float tolerance.
- * The codebook formats (only tables with a byte-shuffle lookup in their R16 tile have them: AVX-512,
- * AVX-VNNI): their nibbles are indices, u = codebook[nibble] + 128, offset 128 (as Q8_0's).
+ * The codebook formats (the x86 tables, whose R16 tiles look the codebook up by a byte shuffle; ARM
+ * keeps their file layout): their nibbles are indices, u = codebook[nibble] + 128, offset 128 (as Q8_0's).
  *     PD_IQ4_NL_R16: Q4_0's record;  PD_MXFP4_R16: uint8 e[16] (the rows' E8M0 bytes), then qs[256]
  *     (272 bytes: 16 file blocks exactly), d = pd_e8m0_half(e).
  * Against the file's layout, which needs per row a convert, a scale permute and an fma per

@@ -448,7 +448,8 @@ PD_ATTN_MH_BY_HEAD   /* kernels.h: one call per head of the loops above */
 const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2", .matmul[PD_Q4_K_R16] = matmul_q4_k_r16,
     .matmul[PD_Q6_K_R16] = matmul_q6_k_r16, .matmul[PD_Q4_0_R16] = matmul_q4_0_r16,
     .matmul[PD_Q4_1_R16] = matmul_q4_1_r16, .matmul[PD_Q5_0_R16] = matmul_q5_0_r16,
-    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16);
+    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16,
+    .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16, .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16);
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels/x86/avxvnni.c, kernels/x86/avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */

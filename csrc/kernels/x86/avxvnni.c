@@ -146,8 +146,6 @@ PD_K_MATMUL(matmul_iq4_xs, T_IQ4_XS)
 /* The legacy formats repacked by 16 rows (kernels/x86/r16_256.h), with vpdpbusd. */
 #define R16_DOT(acc, u, p) _mm256_dpbusd_avx_epi32((acc), (u), _mm256_set1_epi32(ld32(p)))
 #include "kernels/x86/r16_256.h"
-PD_R16_MATMUL(matmul_iq4_nl_r16, PD_IQ4_NL_R16)   /* the codebook formats' records (u <= 241: vpdpbusd) */
-PD_R16_MATMUL(matmul_mxfp4_r16, PD_MXFP4_R16)
 
 /* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
  * nothing from VNNI (the header), nor do the sampler's passes. */
