@@ -88,8 +88,8 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; 
 typedef struct { uint16_t d; uint8_t qs[16]; } pd_block_iq4_nl;
 typedef struct { uint8_t e; uint8_t qs[16]; } pd_block_mxfp4;
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } pd_block_iq4_xs;
-static const int8_t pd_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
-                                             1, 13, 25, 38, 53, 69, 89, 113 };
+static const int8_t pd_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,   /* (negative: */
+                                             1, 13, 25, 38, 53, 69, 89, 113 };          /* indices 0..7) */
 static const int8_t pd_kvalues_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 /* 2^(e - 128) as a float (exact for every e: e < 2 are the subnormals 2^-128, 2^-127). */
 static inline float pd_e8m0_half(uint8_t e) {

@@ -69,19 +69,19 @@ AI __m512i kbit_sel(int T, int j) {
  * 0..3 (one per 128-bit lane), u[2], u[3] those of 4..7. */
 AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mins16, __mmask64 neg[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    if (T == T_IQ4_XS) {
+    if (T == T_IQ4_XS) {   /* |w| by a table of |codebook|; w < 0 exactly for the indices 0..7 */
         *sc16 = iq4xs_scales16(blk);
-        const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pd_kvalues_iq4nl));
+        const __m512i kabs = _mm512_abs_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pd_kvalues_iq4nl)));
+        const __m512i b3 = _mm512_set1_epi8(8);
         const char *qs = blk + offsetof(pd_block_iq4_xs, qs);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m512i v = _mm512_loadu_si512(qs + 64 * h);
-            const __m512i w0 = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4));
-            const __m512i w1 = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-            neg[2 * h] = _mm512_movepi8_mask(w0);
-            neg[2 * h + 1] = _mm512_movepi8_mask(w1);
-            u[2 * h] = _mm512_abs_epi8(w0);
-            u[2 * h + 1] = _mm512_abs_epi8(w1);
+            const __m512i n0 = _mm512_and_si512(v, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            neg[2 * h] = _mm512_testn_epi8_mask(n0, b3);
+            neg[2 * h + 1] = _mm512_testn_epi8_mask(n1, b3);
+            u[2 * h] = _mm512_shuffle_epi8(kabs, n0);
+            u[2 * h + 1] = _mm512_shuffle_epi8(kabs, n1);
         }
         return;
     }
