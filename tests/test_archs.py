@@ -89,9 +89,9 @@ def test_arch_config_from_metadata(tiny):
 def test_iq_tensor_fails_at_load_naming_tensor_and_type(tmp_path):
     from gguf import GGMLQuantizationType as QT
 
-    path = tmp_path / "iq.gguf"
-    write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ4_NL))
-    with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ4_NL"):
+    path = tmp_path / "iq.gguf"   # (IQ4_NL, IQ4_XS, MXFP4 load: tests/test_iq_formats.py; IQ2_XXS does not)
+    write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ2_XXS), n_embd=256, n_head=8, n_ff=256)
+    with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ2_XXS"):
         pydecode.Model(path, n_ctx=32, n_threads=1)
 
 
