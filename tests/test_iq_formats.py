@@ -306,3 +306,22 @@ def test_tiny_model_cached_decode_equals_recompute(iq_model):
             logits = m.decode_step(t, len(seq)).copy()
             seq.append(t)
             assert np.abs(fresh.prefill(seq).copy() - logits).max() <= CACHE_ATOL, len(seq)
+
+
+@pytest.mark.parametrize("types", [(QT.MXFP4,), (QT.IQ4_NL, QT.MXFP4, QT.Q8_0)], ids=["mxfp4", "mixed"])
+def test_moe_experts_in_the_codebook_formats(tmp_path, types):
+    """Mixture-of-experts tensors in MXFP4 / IQ4_NL (gpt-oss's and many MoE files' formats): the
+    experts repack per expert where the table repacks the format, and the model follows the
+    reference on every x86 table, repacked or not."""
+    path = tmp_path / "moe-iq.gguf"
+    write_tiny_model(path, "qwen3moe", n_layer=3, weight_types=types, n_ff_exp=64)
+    toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
+    ref = ReferenceModel(path).logits(toks)
+    for isa in ("scalar", "avx2", "avxvnni", "avx512"):
+        if not lib.pd_isa_supported(isa.encode()):
+            continue
+        for repack in (True, False):
+            m = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa, repack=repack)
+            assert _rel(m.prefill(toks, all_logits=True), ref) <= REL_RMS_TOL, (isa, repack)
+            assert (m.repacked_bytes > 0) == (repack and isa != "scalar"), (isa, repack)
+            m.close()

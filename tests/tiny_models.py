@@ -112,7 +112,8 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         elif t == QT.F16:
             w.add_tensor(name, a.astype(np.float16))
         elif t in (QT.IQ4_NL, QT.IQ4_XS):  # no numpy quantizer: random blocks with sane scales
-            w.add_tensor(name, random_iq_blocks(t, rows, cols, rng, scale or 1.0 / np.sqrt(cols), model_like=True), raw_dtype=t)
+            b = random_iq_blocks(t, (experts or 1) * rows, cols, rng, scale or 1.0 / np.sqrt(cols), model_like=True)
+            w.add_tensor(name, b.reshape(shape[:-1] + (b.shape[-1],)), raw_dtype=t)
         elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
             block, size = GGML_QUANT_SIZES[t]
             w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
