@@ -217,6 +217,9 @@ def main():
                     help="add the synthetic laptop-size models (bench/synthetic.py: Llama-3.2-3B and, with "
                          "--synthetic-8b, Llama-3.1-8B, Q4_K_M, real vocabulary), written to DIR once")
     ap.add_argument("--synthetic-8b", action="store_true")
+    ap.add_argument("--synthetic-shape", nargs="+", metavar="SHAPE[:MIX[:LAYERS]]",
+                    help="with --synthetic: these bench/synthetic.py files instead (real vocabulary), e.g. "
+                         "qwen3-30b-a3b:q4_k_m:24 gpt-oss-20b:mxfp4 qwen3-4b (mix default q4_k_m, all layers)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"],
                     help="KV cache of both tools (llama-bench -ctk/-ctv; pydecode kv_type)")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
@@ -244,11 +247,16 @@ def main():
     if a.synthetic:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import synthetic
-        for shape in ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else []):
-            out = Path(a.synthetic) / f"{shape}-q4_k_m.gguf"
+        specs = a.synthetic_shape or ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else [])
+        for spec in specs:
+            shape, mix, layers = (spec.split(":") + ["q4_k_m", ""])[:3]
+            if shape not in synthetic.SHAPES or mix not in synthetic.MIXES:
+                ap.error(f"--synthetic-shape {spec}: shapes {sorted(synthetic.SHAPES)}, mixes {synthetic.MIXES}")
+            cut = f"-{layers}l" if layers else ""
+            out = Path(a.synthetic) / f"{shape}{cut}-{mix}.gguf"
             if not out.exists():
                 out.parent.mkdir(parents=True, exist_ok=True)
-                synthetic.write(shape, "q4_k_m", out, vocab=128256)
+                synthetic.write(shape, mix, out, vocab=synthetic.SHAPES[shape].n_vocab, layers=int(layers or 0) or None)
             paths.append(out)
 
     def log(msg):
