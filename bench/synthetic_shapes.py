@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 QWEN_VOCAB = "ggml-vocab-qwen2.gguf"          # llama.cpp's Qwen2 vocabulary: Qwen3 uses the same one
@@ -252,10 +253,22 @@ def llama3_rope_factors(shape: Shape) -> list[float]:
     return out
 
 
+# microsoft/Phi-4-mini-instruct config.json, rope_scaling (longrope): short_factor is 48 x 1.0
+PHI4_MINI_LONG_FACTOR = [
+    1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649,
+    2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533,
+    5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651,
+    14.64173252, 16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03,
+    32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+]
+
+
 def longrope_factors(n: int, long: bool) -> list[float]:
-    """LongRoPE per-pair factors of the right length. Not Phi-4-mini's own numbers (its config is not
-    here), but their form: the short factors near 1, the long ones rising from 1 at the fastest
-    pair towards the context ratio (32) at the slowest."""
+    """LongRoPE's per-pair factors: Phi-4-mini's own for its 48 pairs; another length (a test's
+    shrunk shape) gets the same curve resampled."""
     if not long:
-        return [1.0 + 0.05 * i / (n - 1) for i in range(n)]
-    return [float(32.0 ** ((i / (n - 1)) ** 2)) for i in range(n)]
+        return [1.0] * n
+    if n == len(PHI4_MINI_LONG_FACTOR):
+        return list(PHI4_MINI_LONG_FACTOR)
+    src = PHI4_MINI_LONG_FACTOR
+    return [float(x) for x in np.interp(np.linspace(0, len(src) - 1, n), np.arange(len(src)), src)]

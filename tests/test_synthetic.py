@@ -142,6 +142,8 @@ def test_phi3_fused_shapes():
     assert p["blk.0.ffn_up.weight"] == ((2 * 8192, 3072), "Q4_K") and p["blk.0.ffn_down.weight"][0] == (3072, 8192)
     assert not any(n.endswith(("attn_q.weight", "ffn_gate.weight")) for n in p)
     assert p["rope_factors_long.weight"] == ((48,), "F32") and p["rope_factors_short.weight"] == ((48,), "F32")
+    from synthetic_shapes import longrope_factors
+    assert longrope_factors(48, long=False) == [1.0] * 48 and longrope_factors(48, long=True)[-1] == 47.77
     kv = synthetic.metadata(S["phi-4-mini"], 32, 200064)
     assert kv["rope.dimension_count"] == 96 and abs(kv["rope.scaling.attn_factor"] - 1.1902) < 1e-4
 
