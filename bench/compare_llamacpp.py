@@ -219,7 +219,7 @@ def main():
     ap.add_argument("--synthetic-8b", action="store_true")
     ap.add_argument("--synthetic-shape", nargs="+", metavar="SHAPE[:MIX[:LAYERS]]",
                     help="with --synthetic: these bench/synthetic.py files instead (real vocabulary), e.g. "
-                         "qwen3-30b-a3b:q4_k_m:24 gpt-oss-20b:mxfp4 qwen3-4b (mix default q4_k_m, all layers)")
+                         "qwen3-30b-a3b:q4_k_m:24 gpt-oss-20b qwen3-4b (mix default the shape's usual: q4_k_m, gpt-oss-20b mxfp4; all layers)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"],
                     help="KV cache of both tools (llama-bench -ctk/-ctv; pydecode kv_type)")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
@@ -249,7 +249,8 @@ def main():
         import synthetic
         specs = a.synthetic_shape or ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else [])
         for spec in specs:
-            shape, mix, layers = (spec.split(":") + ["q4_k_m", ""])[:3]
+            shape, mix, layers = (spec.split(":") + ["", ""])[:3]
+            mix = mix or (synthetic.SHAPES[shape].default_mix if shape in synthetic.SHAPES else "")
             if shape not in synthetic.SHAPES or mix not in synthetic.MIXES:
                 ap.error(f"--synthetic-shape {spec}: shapes {sorted(synthetic.SHAPES)}, mixes {synthetic.MIXES}")
             cut = f"-{layers}l" if layers else ""

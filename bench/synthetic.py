@@ -218,7 +218,7 @@ def write(shape: str | Shape, mix: str, out: Path, vocab: int | None = None, see
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shape", choices=sorted(SHAPES))
-    ap.add_argument("--mix", choices=MIXES, default="q4_k_m")
+    ap.add_argument("--mix", choices=MIXES, help="default: the shape's usual file (q4_k_m; gpt-oss-20b mxfp4)")
     ap.add_argument("--layers", type=int, help="keep the first N layers of the real shape")
     ap.add_argument("--vocab", type=int, help="pad the vocabulary to this many tokens (e.g. 128256); "
                                               "'--vocab 0' is the tokenizer's own, the default")
@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
     vocab = SHAPES[a.shape].n_vocab if a.real_vocab else a.vocab
-    out = write(a.shape, a.mix, a.out, vocab, a.seed, a.layers)
+    out = write(a.shape, a.mix or SHAPES[a.shape].default_mix, a.out, vocab, a.seed, a.layers)
     print(f"{out}: {out.stat().st_size / 1e9:.2f} GB")
     return 0
 

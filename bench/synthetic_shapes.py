@@ -41,6 +41,7 @@ class Shape:
     llama_keys: bool = False      # LlamaModel / old shapes: vocab_size and rope.dimension_count
     llama3_rope: tuple | None = None   # (factor, low_freq_factor, high_freq_factor, original ctx)
     kv: dict = field(default_factory=dict)   # further "<arch>.<key>" values the converter writes
+    default_mix: str = "q4_k_m"   # the file people download
 
     @property
     def moe(self) -> bool:
@@ -64,7 +65,7 @@ SHAPES = {
                            n_ff_exp=768, **QWEN3),
     # openai/gpt-oss-20b: no vocabulary file of o200k here, so Qwen2.5's BPE (--vocab 201088 pads it)
     "gpt-oss-20b": Shape("gpt-oss", 24, 2880, 2880, 64, 8, 64, 150000.0, False, "qwen2.5-coder-0.5b", 201088,
-                         n_ctx=131072, n_expert=32, n_expert_used=4, n_ff_exp=2880, head_dim_keys=True,
+                         n_ctx=131072, n_expert=32, n_expert_used=4, n_ff_exp=2880, head_dim_keys=True, default_mix="mxfp4",
                          kv={"attention.sliding_window": 128, "rope.scaling.type": "yarn",
                              "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096,
                              "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}),
