@@ -48,6 +48,8 @@ typedef struct {
     const uint8_t *local_layers;  /* [n_layer]: 1 where a layer attends over the window only
                                      (Python's ArchConfig.layer_is_local decides; NULL: none) */
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
+    float rope_attn_factor;  /* the global layers' rotated dims scaled by it (cos and sin x factor: LongRoPE's
+                                and YaRN's attention factor, as ggml's rope applies it); 0 -> 1 */
     int kv_type;             /* the cache's format: PD_KV_F16 (default), PD_KV_F32, or PD_KV_Q8_0 (GGML's
                                 block_q8_0: per 32 values an f16 scale and 32 int8; head_dim % 32 == 0) */
     int n_threads;

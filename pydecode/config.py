@@ -21,6 +21,12 @@ ARCHS: dict[str, dict] = {
     # post-FFN norms (optional tensors), 5 local (sliding-window, RoPE base 10k) layers per global one.
     "gemma3": dict(rope_neox=True, act_gelu=True, embd_scale="sqrt", rope_base_local=10000.0,
                    sliding_window=True, swa_period=6),
+    # Phi-3 / Phi-3.5 / Phi-4-mini: NeoX RoPE (partial: rope.dimension_count), Q/K/V fused in
+    # attn_qkv and gate/up fused in ffn_up (FUSED_TENSORS: views of their rows), LongRoPE's
+    # per-frequency factors (rope_factors_short / _long, chosen by the context: rope_factors)
+    # and its attention factor. Its sliding_window key is ignored, as llama.cpp does (see
+    # llama.cpp's phi3 loader: the converters do not say which layers would use it).
+    "phi3": dict(rope_neox=True),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
                      sliding_window=False, swa_period=0)
@@ -33,6 +39,15 @@ LAYER_TENSORS = [
     "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
     "ffn_down.weight", "post_ffw_norm.weight",
 ]
+# Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
+# the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
+# gate then up (llama.cpp's fused SwiGLU: silu of the first half times the second half).
+FUSED_TENSORS = {
+    "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "ffn_up.weight": ("ffn_gate.weight", "ffn_up.weight"),
+}
+# LongRoPE's frequency factors (phi3): one of the two becomes the rope_freqs.weight slot.
+ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
                     "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"}
 
@@ -59,6 +74,47 @@ class ArchConfig:
     sliding_window: int
     swa_period: int
     tied_output: bool
+    rope_attn_factor: float = 1.0   # scales the rotated dims' cos/sin (LongRoPE / YaRN's attn_factor)
+    n_ctx_orig: int = 0             # rope.scaling.original_context_length (0: n_ctx_train)
+
+    def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
+        """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
+        factors past the original training context, else the short ones (llama.cpp's choice,
+        made per context, so a state file records it: kvstate._shapes)."""
+        if ROPE_FACTORS[0] not in gguf.tensors:
+            return None
+        return ROPE_FACTORS[1] if n_ctx > (self.n_ctx_orig or self.n_ctx_train) else ROPE_FACTORS[0]
+
+    def tensor_views(self, gguf: GGUFFile, n_ctx: int | None = None) -> dict:
+        """Each tensor slot's source as (GGUF tensor, first row, rows): the file's tensor of that
+        name whole, or a run of rows of a fused tensor (FUSED_TENSORS), or the LongRoPE factors
+        for rope_freqs.weight (rope_factors; the short ones when n_ctx is not given)."""
+        views = {name: (t, 0, t.n_elements // t.shape[0] if t.shape else 0) for name, t in gguf.tensors.items()}
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            qkv = gguf.tensors.get(p + "attn_qkv.weight")
+            if qkv is not None and p + "attn_q.weight" not in gguf.tensors and qkv.shape[0] == self.n_embd:
+                lens = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_head_kv * self.head_dim)
+                self._split(views, qkv, [p + n for n in FUSED_TENSORS["attn_qkv.weight"]], lens)
+            up = gguf.tensors.get(p + "ffn_up.weight")
+            if up is not None and p + "ffn_gate.weight" not in gguf.tensors and len(up.shape) == 2 \
+                    and tuple(up.shape) == (self.n_embd, 2 * self.n_ff):
+                self._split(views, up, [p + n for n in FUSED_TENSORS["ffn_up.weight"]], (self.n_ff, self.n_ff))
+        rf = self.rope_factors(gguf, n_ctx or 0)
+        if rf is not None and "rope_freqs.weight" not in gguf.tensors and rf in gguf.tensors:
+            t = gguf.tensors[rf]
+            views["rope_freqs.weight"] = (t, 0, 1)
+        return views
+
+    @staticmethod
+    def _split(views: dict, t, names: list, lens) -> None:
+        rows = t.n_elements // t.shape[0] if len(t.shape) == 2 else -1
+        if sum(lens) != rows:   # no views: check_tensors names the tensor that does not fit
+            return
+        r0 = 0
+        for name, n in zip(names, lens):
+            views[name] = (t, r0, n)
+            r0 += n
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
@@ -121,11 +177,20 @@ def _key(gguf: GGUFFile, key: str, kind: type, default=None):
 
 
 def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
-    """Linear RoPE scaling (positions divided by the factor); other kinds are refused, not ignored."""
+    """Linear RoPE scaling (positions divided by the factor). Scalings that live in a tensor of
+    per-frequency factors are the tensor's: Llama 3's (rope_freqs.weight; llama.cpp's converter
+    writes no type for it, others write 'llama3') and LongRoPE's (rope_factors_*, phi3). Other
+    kinds are refused, not ignored."""
     kind = _key(gguf, p + "rope.scaling.type", str, "none")
     factor = _key(gguf, p + "rope.scaling.factor", float, 1.0)
     if factor < 0:
         raise ModelError(f"{gguf.path}: metadata key {p}rope.scaling.factor must be positive, got {factor}")
+    in_tensor = {"llama3": ("rope_freqs.weight",), "longrope": ROPE_FACTORS}
+    if kind in in_tensor:
+        if not any(n in gguf.tensors for n in in_tensor[kind]):
+            raise ModelError(f"{gguf.path}: RoPE scaling '{kind}' ({p}rope.scaling.type) needs the tensor "
+                             f"{in_tensor[kind][0]}, which the file lacks")
+        return 1.0
     if kind == "none" or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":
@@ -170,6 +235,8 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         sliding_window=_key(gguf, p + "attention.sliding_window", int, 0) if a["sliding_window"] else 0,
         swa_period=_key(gguf, p + "attention.sliding_window_pattern", int, a["swa_period"]),
         tied_output="output.weight" not in gguf.tensors,
+        rope_attn_factor=_key(gguf, p + "rope.scaling.attn_factor", float, 1.0),
+        n_ctx_orig=_key(gguf, p + "rope.scaling.original_context_length", int, 0),
     )
     check_config(gguf, cfg)
     check_tensors(gguf, cfg)
@@ -184,10 +251,10 @@ def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
     def bad(key: str, why: str):
         raise ModelError(f"{path}: metadata key {p}{key} {why}")
 
-    # Every layer needs at least its 9 required tensors, all in this file.
-    if not 1 <= cfg.n_layer <= len(gguf.tensors) // 9:
+    # Every layer needs at least its 6 required tensors (fused Q/K/V and gate/up: phi3), all in this file.
+    if not 1 <= cfg.n_layer <= len(gguf.tensors) // 6:
         bad("block_count", f"is {cfg.n_layer}, but the file's {len(gguf.tensors)} tensors hold at most "
-                           f"{len(gguf.tensors) // 9} layers")
+                           f"{len(gguf.tensors) // 6} layers")
     if cfg.n_head * cfg.head_dim > INT_MAX or cfg.n_head_kv * cfg.head_dim > INT_MAX:
         bad("attention.key_length", f"{cfg.head_dim} x {cfg.n_head} heads overflows")
     if cfg.head_dim < 2 or cfg.head_dim % 2:
@@ -202,6 +269,8 @@ def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
         bad("attention.layer_norm_rms_epsilon", f"must not be negative, got {cfg.norm_eps}")
     if cfg.rope_base <= 0 or cfg.rope_base_local < 0:
         bad("rope.freq_base", f"must be positive, got {cfg.rope_base} (local {cfg.rope_base_local})")
+    if not 0 < cfg.rope_attn_factor <= 1e3:
+        bad("rope.scaling.attn_factor", f"must be in (0, 1000], got {cfg.rope_attn_factor}")
 
 
 def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -209,8 +278,12 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
     d, qd, kvd = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     want = {
         "token_embd.weight": (d, cfg.n_vocab), "output_norm.weight": (d,), "output.weight": (d, cfg.n_vocab),
-        "rope_freqs.weight": (cfg.rope_dim // 2,),
+        "rope_freqs.weight": (cfg.rope_dim // 2,), ROPE_FACTORS[0]: (cfg.rope_dim // 2,),
+        ROPE_FACTORS[1]: (cfg.rope_dim // 2,),
     }
+    if (ROPE_FACTORS[0] in gguf.tensors) != (ROPE_FACTORS[1] in gguf.tensors):
+        raise ModelError(f"{gguf.path}: LongRoPE needs both {ROPE_FACTORS[0]} and {ROPE_FACTORS[1]}")
+    views = cfg.tensor_views(gguf)
     layer = {
         "attn_norm.weight": (d,), "attn_q.weight": (d, qd), "attn_k.weight": (d, kvd), "attn_v.weight": (d, kvd),
         "attn_output.weight": (qd, d), "attn_q.bias": (qd,), "attn_k.bias": (kvd,), "attn_v.bias": (kvd,),
@@ -218,17 +291,24 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
         "post_attention_norm.weight": (d,), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, cfg.n_ff),
         "ffn_up.weight": (d, cfg.n_ff), "ffn_down.weight": (cfg.n_ff, d), "post_ffw_norm.weight": (d,),
     }
+    fused = {"attn_qkv.weight": (d, qd + 2 * kvd), "ffn_up.weight": (d, 2 * cfg.n_ff)}
     for l in range(cfg.n_layer):
         want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
     for name, shape in want.items():
-        t = gguf.tensors.get(name)
+        v = views.get(name) if name != "rope_freqs.weight" else (gguf.tensors.get(name), 0, 0)
+        t = v[0] if v else None
         base = name.split(".", 2)[-1] if name.startswith("blk.") else name
         if t is None:
-            if base not in OPTIONAL_TENSORS:
-                raise ModelError(f"{gguf.path}: tensor {name} is missing (architecture {cfg.arch})")
+            if base not in OPTIONAL_TENSORS and base not in ROPE_FACTORS:
+                src = next((f for f, parts in FUSED_TENSORS.items() if base in parts), None)
+                also = f" (nor a fused {src} of shape {list(fused[src])})" if src else ""
+                raise ModelError(f"{gguf.path}: tensor {name} is missing{also} (architecture {cfg.arch})")
             continue
+        if t.name != name or v[2] != t.n_elements // t.shape[0]:   # rows of a fused tensor (checked whole
+            continue                                               # by tensor_views: its rows add up)
         if tuple(t.shape) != shape:
-            raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+            extra = f" (or a fused one of {list(fused[base])})" if base in fused else ""
+            raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}{extra}")
         if len(shape) == 1 and t.type != 0:
             raise ModelError(f"{gguf.path}: tensor {name} has type {type_name(t.type)}, expected F32")
 

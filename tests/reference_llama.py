@@ -1,4 +1,4 @@
-"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3): the test oracle.
+"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3, phi3): the test oracle.
 
 Written for readability, not speed. Follows the llama architecture as in
 Hugging Face ``modeling_llama`` and llama.cpp's llama graph:
@@ -16,6 +16,12 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
 * A 2-D GGUF tensor with ggml shape [ne0=in, ne1=out] dequantizes to a numpy (out, in) array,
   so y = W @ x, i.e. ``h @ W.T`` for row-major activations h of shape (tokens, in).
 * GQA: query head h uses kv head h // (n_head / n_head_kv). Scores are scaled by 1/sqrt(head_dim).
+* Phi-3 (HF ``modeling_phi3``): ``qkv_proj`` holds Q, K, V rows in that order and ``gate_up_proj``
+  gate then up (``chunk(2)``); NeoX RoPE on the first rope.dimension_count dims of each head
+  (partial_rotary_factor), the rest passed through; LongRoPE divides each frequency by the short
+  or the long factor and multiplies cos and sin by the attention factor. HF picks the long
+  factors when the sequence is longer than the original context; llama.cpp (and so pydecode)
+  when the context is: ``long_factors`` says which, as the test's n_ctx would.
 """
 from __future__ import annotations
 
@@ -42,8 +48,8 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3; got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "phi3"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, phi3; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -60,7 +66,9 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3")
+        self.neox = arch in ("qwen2", "gemma3", "phi3")
+        self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
+        self.long_factors = False   # phi3: the LongRoPE factors of a context past the original one
         self.gemma = arch == "gemma3"
         # Gemma 3: 5 sliding-window layers (RoPE base 10k) then 1 global layer (metadata base).
         self.window = int(m("attention.sliding_window", 0)) if self.gemma else 0
@@ -117,10 +125,15 @@ class ReferenceModel:
         d = self.rope_dim
         base = self.rope_base if base is None else base
         inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
-        if self.has("rope_freqs.weight"):  # llama3-style per-frequency factors
+        local = base != self.rope_base
+        factors = "rope_factors_long.weight" if self.long_factors else "rope_factors_short.weight"
+        if self.has("rope_freqs.weight") and not local:  # llama3-style per-frequency factors
             inv_freq = inv_freq / self.w("rope_freqs.weight")
+        elif self.has(factors):                          # LongRoPE
+            inv_freq = inv_freq / self.w(factors)
         ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # (T, d/2)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        mscale = 1.0 if local else self.rope_attn_factor
+        cos, sin = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
         x = x.copy()
         a, b = (slice(0, d // 2), slice(d // 2, d)) if self.neox else (slice(0, d, 2), slice(1, d, 2))
         x0, x1 = x[..., a].copy(), x[..., b].copy()
@@ -130,9 +143,13 @@ class ReferenceModel:
 
     def attention(self, h, i, pos):
         T, hd = h.shape[0], self.head_dim
-        q = self.linear(h, f"blk.{i}.attn_q").reshape(T, self.n_head, hd)
-        k = self.linear(h, f"blk.{i}.attn_k").reshape(T, self.n_head_kv, hd)
-        v = self.linear(h, f"blk.{i}.attn_v").reshape(T, self.n_head_kv, hd)
+        if self.has(f"blk.{i}.attn_qkv.weight"):  # phi3: one projection, split Q | K | V
+            qkv = self.linear(h, f"blk.{i}.attn_qkv")
+            qd, kvd = self.n_head * hd, self.n_head_kv * hd
+            q, k, v = qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
+        else:
+            q, k, v = (self.linear(h, f"blk.{i}.attn_{n}") for n in "qkv")
+        q, k, v = q.reshape(T, self.n_head, hd), k.reshape(T, self.n_head_kv, hd), v.reshape(T, self.n_head_kv, hd)
         if self.gemma:  # per-head RMSNorm of Q and K before RoPE
             q = self.rmsnorm(q, f"blk.{i}.attn_q_norm.weight")
             k = self.rmsnorm(k, f"blk.{i}.attn_k_norm.weight")
@@ -151,8 +168,10 @@ class ReferenceModel:
         return self.linear(o, f"blk.{i}.attn_output")
 
     def ffn(self, h, i):
-        g = self.linear(h, f"blk.{i}.ffn_gate")
-        u = self.linear(h, f"blk.{i}.ffn_up")
+        if self.has(f"blk.{i}.ffn_gate.weight"):
+            g, u = self.linear(h, f"blk.{i}.ffn_gate"), self.linear(h, f"blk.{i}.ffn_up")
+        else:  # phi3: gate_up_proj, gate rows first
+            g, u = np.split(self.linear(h, f"blk.{i}.ffn_up"), 2, axis=-1)
         if self.gemma:  # GELU, tanh approximation
             act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
         else:

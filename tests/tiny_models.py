@@ -26,6 +26,24 @@ def _byte_tokens() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
+def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: float = 1.0, high: float = 4.0,
+                     orig_ctx: int = 8192) -> np.ndarray:
+    """Llama 3.1/3.2's per-frequency divisors, as llama.cpp's converter writes rope_freqs.weight
+    (Llama-3.2-1B: factor 32, low/high frequency factors 1 and 4, original context 8192): 1 for
+    short wavelengths, the factor for long ones, a smooth blend between."""
+    out = []
+    for freq in base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
@@ -44,6 +62,11 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 1e4)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if arch == "phi3":   # partial rotary (3/4 of the head), LongRoPE past an original context of 32
+        w.add_rope_dimension_count(head_dim * 3 // 4)
+        w.add_rope_scaling_orig_ctx_len(32)
+        w.add_rope_scaling_attn_factors(1.19)
+        w.add_sliding_window(window)   # Phi-3's key, which llama.cpp (and pydecode) ignore
     tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -76,16 +99,24 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
                  raw_dtype=QT.Q8_0)
     vector("output_norm.weight", n_embd)
-    if rope_freqs:  # Llama 3.1-style per-frequency divisors
-        w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
+    if rope_freqs:  # Llama 3.1-style per-frequency divisors, as llama.cpp's converter computes them
+        # (for an original context of 16, not 8192, so that they matter within a short prompt)
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(head_dim, 1e4, orig_ctx=16))
+    if arch == "phi3":
+        rd = head_dim * 3 // 4
+        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, rd // 2).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 24.0, rd // 2).astype(np.float32))
     if arch == "qwen2":  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", n_embd)
-        matrix(p + "attn_q.weight", qd, n_embd)
-        matrix(p + "attn_k.weight", kvd, n_embd)
-        matrix(p + "attn_v.weight", kvd, n_embd)
+        if arch == "phi3":   # Q, K, V in one tensor
+            matrix(p + "attn_qkv.weight", qd + 2 * kvd, n_embd)
+        else:
+            matrix(p + "attn_q.weight", qd, n_embd)
+            matrix(p + "attn_k.weight", kvd, n_embd)
+            matrix(p + "attn_v.weight", kvd, n_embd)
         matrix(p + "attn_output.weight", n_embd, qd)
         if arch == "qwen2":
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
@@ -97,8 +128,11 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "post_attention_norm.weight", n_embd)
             vector(p + "post_ffw_norm.weight", n_embd)
         vector(p + "ffn_norm.weight", n_embd)
-        matrix(p + "ffn_gate.weight", n_ff, n_embd)
-        matrix(p + "ffn_up.weight", n_ff, n_embd)
+        if arch == "phi3":   # gate then up, in one tensor
+            matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
+        else:
+            matrix(p + "ffn_gate.weight", n_ff, n_embd)
+            matrix(p + "ffn_up.weight", n_ff, n_embd)
         matrix(p + "ffn_down.weight", n_embd, n_ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -20,13 +20,15 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
-/* cos/sin of pos * base^(-2i/rope_dim) for the rope_dim/2 pairs, computed once per token and
- * base per step and shared by every head of every layer. */
-static void rope_table(float *cs, int rope_dim, double pos, float base, const float *freq_div) {
+/* cos/sin of pos * base^(-2i/rope_dim) (divided by the pair's factor: Llama 3's rope_freqs,
+ * LongRoPE's short or long factors) for the rope_dim/2 pairs, times mscale (LongRoPE's attention
+ * factor; 1 otherwise), computed once per token and base per step and shared by every head of
+ * every layer. */
+static void rope_table(float *cs, int rope_dim, double pos, float base, const float *freq_div, double mscale) {
     for (int i = 0; i < rope_dim / 2; i++) {
         double theta = pos * pow(base, -2.0 * i / rope_dim) / (freq_div ? freq_div[i] : 1.0f);
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
     }
 }
 
@@ -204,9 +206,10 @@ static int forward(pd_worker *w, step_ctx *s) {
         if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
         float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
         rope_table(cs, c->rope_dim, (double)s->pos[t] * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
-                   c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data);
+                   c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data,
+                   c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0);
         rope_table(cs + c->rope_dim, c->rope_dim, s->pos[t],
-                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base, NULL);
+                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base, NULL, 1.0);
     }
     END_PHASE(w, n);
 
