@@ -15,9 +15,10 @@ and the types llama.cpp's quantizer gives them for the mix (q4_k_m, q4_0, q8_0, 
 mxfp4; see synthetic_shapes.tensor_type). Their blocks are random bytes whose scales are set so
 each matrix's entries have an RMS of about 1/sqrt(row length) (the head 4x that, so the logits
 spread a few nats): every kernel streams real bytes in the real layout, activations keep their
-size through the layers and the logits stay finite; the text is noise. The tokenizer is llama.cpp's
-vocabulary file of the family where one exists (Qwen2's for Qwen3, Llama 3's BPE), else a registry
-model's; --vocab pads its token list with unused tokens (e.g. to the real 201088 of gpt-oss).
+size through the layers and the logits stay finite; the text is noise. The tokenizer is the family's
+where one is at hand (llama.cpp's Qwen2 vocabulary for Qwen3, its Llama 3 BPE, OpenAI's o200k for
+gpt-oss and Phi-4-mini), else a registry model's; --vocab pads its token list with unused tokens
+(e.g. to the real 201088 of gpt-oss).
 llama.cpp loads these files (bench/README.md).
 """
 from __future__ import annotations
@@ -79,6 +80,14 @@ def random_blocks(qtype: QT, dims: tuple, rng: np.random.Generator, rms: float |
     return w.reshape(*dims[:-1], cols // block * nbytes)
 
 
+def _conformance():
+    """tests/conformance.py, which fetches llama.cpp's vocabulary suite and the o200k vocabulary."""
+    spec = importlib.util.spec_from_file_location("conformance", Path(__file__).resolve().parents[1] / "tests" / "conformance.py")
+    conformance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conformance)
+    return conformance
+
+
 def tokenizer_file(name: str) -> Path:
     """A ggml-vocab-*.gguf of llama.cpp's suite (fetched by tests/conformance.py), else a registry model."""
     from pydecode.registry import model_path, models_dir
@@ -86,22 +95,19 @@ def tokenizer_file(name: str) -> Path:
     if not name.endswith(".gguf"):
         return model_path(name)
     path = models_dir().parent / "conformance" / "tokenizer" / name
-    if not path.exists():
-        spec = importlib.util.spec_from_file_location(
-            "conformance", Path(__file__).resolve().parents[1] / "tests" / "conformance.py")
-        conformance = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(conformance)
-        path = conformance.tokenizer_dir() / name
-    return path
+    return path if path.exists() else _conformance().tokenizer_dir() / name
 
 
 @lru_cache(maxsize=8)
-def _tokenizer_keys(src: Path) -> tuple:
-    """src's tokenizer.* keys, read with pydecode's reader (gguf's GGUFReader takes ~20 s on a
-    151k-token vocabulary)."""
+def _tokenizer_keys(src: str) -> tuple:
+    """The tokenizer.* keys of a tokenizer source (SHAPES' `tokenizer`), read with pydecode's reader
+    (gguf's GGUFReader takes ~20 s on a 151k-token vocabulary); "o200k": OpenAI's vocabulary as
+    tests/conformance.py builds its GGUF metadata (gpt-4o pre-tokenizer, gpt-oss's harmony specials)."""
     from pydecode.gguf_file import GGUFFile
 
-    f = GGUFFile(src)
+    if src == "o200k":
+        return tuple(_conformance().o200k_metadata().items())
+    f = GGUFFile(tokenizer_file(src))
     try:
         return tuple((k, v) for k, v in f.metadata.items() if k.startswith("tokenizer."))
     finally:
@@ -119,10 +125,10 @@ def _gguf_type(val) -> tuple:
     return kinds[type(val)], None
 
 
-def copy_tokenizer(writer: GGUFWriter, src: Path, vocab: int | None) -> int:
-    """The tokenizer.* keys of src; returns the vocabulary size (padded to vocab if given)."""
+def copy_tokenizer(writer: GGUFWriter, src: str, vocab: int | None) -> int:
+    """The tokenizer.* keys of tokenizer source src; returns the vocabulary size (padded to vocab if given)."""
     n = 0
-    for key, val in _tokenizer_keys(Path(src)):
+    for key, val in _tokenizer_keys(str(src)):
         if key == "tokenizer.ggml.tokens":
             n = len(val)
             if vocab and vocab > n:
@@ -189,7 +195,7 @@ def write(shape: str | Shape, mix: str, out: Path, vocab: int | None = None, see
     w = GGUFWriter(str(out), s.arch)
     cut = f" {n_layer} of {s.n_layer} layers" if n_layer < s.n_layer else ""
     w.add_name(f"synthetic {name} {mix}{cut}")
-    n_vocab = copy_tokenizer(w, tokenizer_file(s.tokenizer), vocab)
+    n_vocab = copy_tokenizer(w, s.tokenizer, vocab)
     for key, val in metadata(s, n_layer, n_vocab).items():
         _add_kv(w, f"{s.arch}.{key}", val)
     w.add_file_type(FILE_TYPE[mix])

@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 QWEN_VOCAB = "ggml-vocab-qwen2.gguf"          # llama.cpp's Qwen2 vocabulary: Qwen3 uses the same one
 LLAMA3_VOCAB = "ggml-vocab-llama-bpe.gguf"    # Llama 3's 128256-token BPE
+O200K = "o200k"                               # OpenAI's vocabulary, as tests/conformance.py builds it
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Shape:
     head_dim: int
     rope_base: float
     tied: bool              # no output.weight: the head is token_embd
-    tokenizer: str          # a ggml-vocab-*.gguf of llama.cpp's suite, else a registry model
+    tokenizer: str          # a ggml-vocab-*.gguf of llama.cpp's suite, "o200k", or a registry model
     n_vocab: int            # the real model's vocabulary (--vocab pads the tokenizer's to it)
     n_ctx: int = 8192
     rms_eps: float = 1e-5
@@ -63,8 +64,8 @@ SHAPES = {
     "qwen3-4b": Shape("qwen3", 36, 2560, 9728, 32, 8, 128, tied=True, **QWEN3),
     "qwen3-30b-a3b": Shape("qwen3moe", 48, 2048, 6144, 32, 4, 128, tied=False, n_expert=128, n_expert_used=8,
                            n_ff_exp=768, **QWEN3),
-    # openai/gpt-oss-20b: no vocabulary file of o200k here, so Qwen2.5's BPE (--vocab 201088 pads it)
-    "gpt-oss-20b": Shape("gpt-oss", 24, 2880, 2880, 64, 8, 64, 150000.0, False, "qwen2.5-coder-0.5b", 201088,
+    # openai/gpt-oss-20b: o200k with the harmony specials (200019 tokens; --real-vocab pads to 201088)
+    "gpt-oss-20b": Shape("gpt-oss", 24, 2880, 2880, 64, 8, 64, 150000.0, False, O200K, 201088,
                          n_ctx=131072, n_expert=32, n_expert_used=4, n_ff_exp=2880, head_dim_keys=True, default_mix="mxfp4",
                          kv={"attention.sliding_window": 128, "rope.scaling.type": "yarn",
                              "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096,
@@ -73,8 +74,8 @@ SHAPES = {
     "llama-3.2-1b": Shape("llama", 16, 2048, 8192, 32, 8, 64, 500000.0, True, LLAMA3_VOCAB, 128256,
                           n_ctx=131072, head_dim_keys=True, llama3_rope=(32.0, 1.0, 4.0, 8192), **LLAMA),
     # microsoft/Phi-4-mini-instruct: phi3, partial_rotary_factor 0.75 (96 of 128 dims), LongRoPE with
-    # original 4096 of 131072 positions; o200k tokenizer absent here: Qwen2.5's (--vocab 200064 pads)
-    "phi-4-mini": Shape("phi3", 32, 3072, 8192, 24, 8, 128, 10000.0, True, "qwen2.5-coder-0.5b", 200064,
+    # original 4096 of 131072 positions; o200k (gpt-oss's specials, not Phi-4-mini's), --real-vocab 200064
+    "phi-4-mini": Shape("phi3", 32, 3072, 8192, 24, 8, 128, 10000.0, True, O200K, 200064,
                         n_ctx=131072,
                         kv={"rope.dimension_count": 96, "rope.scaling.original_context_length": 4096,
                             "rope.scaling.attn_factor": math.sqrt(1 + math.log(32) / math.log(4096)),

@@ -182,6 +182,8 @@ def test_new_shapes_write_and_parse(tmp_path, name, mix):
             assert f.metadata["tokenizer.ggml.pre"] == "qwen2" and n_vocab == 151936
         if name == "llama-3.2-1b":
             assert f.metadata["tokenizer.ggml.pre"] == "llama-bpe" and n_vocab == 128256
+        if name in ("gpt-oss-20b", "phi-4-mini"):   # o200k with the harmony specials
+            assert f.metadata["tokenizer.ggml.pre"] == "gpt-4o" and n_vocab == 200019
         for n in ("rope_freqs.weight", "rope_factors_long.weight", "blk.1.attn_sinks.weight"):
             if n in f.tensors:
                 assert np.isfinite(f.tensor_array(n)).all()
