@@ -69,17 +69,17 @@ def token_ids(path: Path, text: str, n: int) -> list[int]:
     return ids[:n]
 
 
-def pydecode_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
+def pydecode_logits(path: Path, ids: list[int], threads: int, n_ctx: int = 0) -> np.ndarray:
     from pydecode.model import Model
 
-    with Model(path, n_ctx=len(ids) + 8, n_threads=threads) as m:
+    with Model(path, n_ctx=n_ctx or len(ids) + 8, n_threads=threads) as m:
         return np.array(m.prefill(ids, all_logits=True), dtype=np.float32)
 
 
-def llamacpp_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
+def llamacpp_logits(path: Path, ids: list[int], threads: int, n_ctx: int = 0) -> np.ndarray:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=len(ids) + 8, n_batch=len(ids), n_ubatch=len(ids),
+    llm = Llama(model_path=str(path), n_ctx=n_ctx or len(ids) + 8, n_batch=len(ids), n_ubatch=len(ids),
                 n_threads=threads, n_threads_batch=threads, logits_all=True, verbose=False)
     try:
         llm.eval(ids)
@@ -90,10 +90,10 @@ def llamacpp_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
         gc.collect()
 
 
-def compare(path: Path, text: str, n: int, threads: int) -> dict:
+def compare(path: Path, text: str, n: int, threads: int, n_ctx: int = 0) -> dict:
     ids = token_ids(path, text, n)
-    a = pydecode_logits(path, ids, threads)
-    b = llamacpp_logits(path, ids, threads)
+    a = pydecode_logits(path, ids, threads, n_ctx)
+    b = llamacpp_logits(path, ids, threads, n_ctx)
     if a.shape != b.shape:
         raise SystemExit(f"{path}: logits {a.shape} (pydecode) vs {b.shape} (llama.cpp)")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
@@ -106,12 +106,12 @@ def compare(path: Path, text: str, n: int, threads: int) -> dict:
             "worst_position": int(d.argmax()) + 1}
 
 
-def check_llamacpp(path: Path, text: str, n: int, threads: int) -> dict:
+def check_llamacpp(path: Path, text: str, n: int, threads: int, n_ctx: int = 0) -> dict:
     """llama.cpp alone (for architectures pydecode does not run yet): does it load the file and
     give finite logits, and how spread are they (a synthetic file's sanity check)."""
     ids = token_ids(path, text, n)
     try:
-        b = llamacpp_logits(path, ids, threads)
+        b = llamacpp_logits(path, ids, threads, n_ctx)
     except Exception as e:   # llama-cpp-python raises ValueError when llama.cpp refuses the file
         return {"model": path.name, "tokens": len(ids), "error": f"llama.cpp refused: {e}"}
     pb = forced(b, ids)
@@ -142,6 +142,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128, help="ids fed to both (default 128)")
     ap.add_argument("--text", help="a text file to tokenize instead of the built-in paragraph")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=0,
+                    help="context of both runtimes (default tokens + 8); above a LongRoPE model's original "
+                         "context (Phi-4-mini: 4096) both switch to its long factors")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--llamacpp-only", action="store_true",
                     help="only check that llama.cpp loads each file and gives finite logits")
@@ -156,7 +159,7 @@ def main() -> int:
     rows = []
     for m in a.models:
         path = Path(resolve(m))
-        r = (check_llamacpp if a.llamacpp_only else compare)(path, text, a.tokens, a.threads)
+        r = (check_llamacpp if a.llamacpp_only else compare)(path, text, a.tokens, a.threads, a.n_ctx)
         print(json.dumps(r), file=sys.stderr, flush=True)
         rows.append(r)
     print(f"llama.cpp {os.environ.get('LLAMA_CPP_LIB_PATH', '(llama_cpp package)')}, {a.threads} threads")
