@@ -162,8 +162,8 @@ def _small(name):
     return dataclasses.replace(s, **kw)
 
 
-@pytest.mark.parametrize("name", NEW)
-@pytest.mark.parametrize("mix", ["q4_k_m", "iq4_xs", "mxfp4"])
+@pytest.mark.parametrize("name,mix", [(n, S[n].default_mix) for n in NEW] + [
+    ("qwen3-30b-a3b", "iq4_xs"), ("qwen3-30b-a3b", "mxfp4"), ("gpt-oss-20b", "q4_k_m"), ("qwen3-0.6b", "iq4_nl")])
 def test_new_shapes_write_and_parse(tmp_path, name, mix):
     shape = _small(name)
     out = synthetic.write(shape, mix, tmp_path / f"{name}.gguf", layers=2)
