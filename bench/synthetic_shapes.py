@@ -237,13 +237,17 @@ def metadata(shape: Shape, n_layer: int, n_vocab: int) -> dict:
 
 
 def llama3_rope_factors(shape: Shape) -> list[float]:
+    """rope_freqs.weight of a Llama 3 shape (llama3_rope_freqs)."""
+    return llama3_rope_freqs(shape.head_dim, shape.rope_base, *shape.llama3_rope)
+
+
+def llama3_rope_freqs(dim: int, base: float, factor: float, low: float, high: float, old_ctx: int) -> list[float]:
     """rope_freqs.weight as LlamaModel.generate_extra_tensors computes it: per frequency pair, 1
-    for short wavelengths, `factor` for long ones, a smooth blend between."""
-    factor, low, high, old_ctx = shape.llama3_rope
-    dim = shape.head_dim
+    for short wavelengths, `factor` for long ones, a smooth blend between (also what the tests'
+    tiny Llama 3 models carry: tests/tiny_models.py)."""
     out = []
     for i in range(0, dim, 2):
-        freq = 1.0 / shape.rope_base ** (i / dim)
+        freq = 1.0 / base ** (i / dim)
         wavelen = 2 * math.pi / freq
         if wavelen < old_ctx / high:
             out.append(1.0)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pydecode
+from cache_check import assert_cached_decode_equals_recompute
 from reference_llama import ReferenceModel
 from tiny_models import N_VOCAB, write_tiny_model
 
@@ -58,16 +59,10 @@ def test_sliding_window_matters(tmp_path):
 
 
 def test_tiny_cached_decode_equals_recompute(tiny):
-    m = pydecode.Model(tiny, n_ctx=64, n_threads=2, n_batch=4)
     toks = np.random.default_rng(2).integers(0, N_VOCAB, 6).tolist()
-    logits = m.prefill(toks).copy()
-    seq = list(toks)
-    for _ in range(12):                       # well past the window of 4 and the ring of 8
-        t = int(np.argmax(logits))
-        logits = m.decode_step(t, len(seq)).copy()
-        seq.append(t)
-        fresh = pydecode.Model(tiny, n_ctx=64, n_threads=1, n_batch=4).prefill(seq).copy()
-        assert np.abs(fresh - logits).max() <= CACHE_ATOL, len(seq)
+    with pydecode.Model(tiny, n_ctx=64, n_threads=2, n_batch=4) as m, \
+            pydecode.Model(tiny, n_ctx=64, n_threads=1, n_batch=4) as fresh:   # 12: well past the window of 4
+        assert_cached_decode_equals_recompute(m, fresh, toks, 12, CACHE_ATOL)  # and the ring of 8
 
 
 def test_arch_config_from_metadata(tiny):
@@ -204,15 +199,9 @@ def test_sinks_output_bias_and_yarn_follow_the_reference(tmp_path):
             for l in range(3):
                 r.tensors.pop(f"blk.{l}." + ("attn_sinks.weight" if drop == "sinks" else "attn_output.bias"))
         assert _rel(r.logits(toks), ref) > 2 * REL_RMS_TOL, drop
-    m = pydecode.Model(path, n_ctx=64, n_threads=2, n_batch=4)
-    logits = m.prefill(toks[:6]).copy()
-    seq = list(toks[:6])
-    for _ in range(6):
-        t = int(np.argmax(logits))
-        logits = m.decode_step(t, len(seq)).copy()
-        seq.append(t)
-        fresh = pydecode.Model(path, n_ctx=64, n_threads=1, n_batch=4).prefill(seq).copy()
-        assert np.abs(fresh - logits).max() <= CACHE_ATOL, len(seq)
+    with pydecode.Model(path, n_ctx=64, n_threads=2, n_batch=4) as m, \
+            pydecode.Model(path, n_ctx=64, n_threads=1, n_batch=4) as fresh:
+        assert_cached_decode_equals_recompute(m, fresh, toks[:6], 6, CACHE_ATOL)
 
 
 def test_gpt_oss_clamped_swiglu_and_expert_biases(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 import pydecode
+from cache_check import assert_cached_decode_equals_recompute
 from iq_blocks import random_iq_blocks
 from pydecode._core import ffi, lib
 from reference_llama import ReferenceModel
@@ -299,13 +300,7 @@ def test_tiny_model_cached_decode_equals_recompute(iq_model):
     toks = np.random.default_rng(2).integers(0, N_VOCAB, 6).tolist()
     with pydecode.Model(iq_model, n_ctx=64, n_threads=2, n_batch=4) as m, \
             pydecode.Model(iq_model, n_ctx=64, n_threads=1, n_batch=4) as fresh:
-        logits = m.prefill(toks).copy()
-        seq = list(toks)
-        for _ in range(6):
-            t = int(np.argmax(logits))
-            logits = m.decode_step(t, len(seq)).copy()
-            seq.append(t)
-            assert np.abs(fresh.prefill(seq).copy() - logits).max() <= CACHE_ATOL, len(seq)
+        assert_cached_decode_equals_recompute(m, fresh, toks, 6, CACHE_ATOL)
 
 
 @pytest.mark.parametrize("types", [(QT.MXFP4,), (QT.IQ4_NL, QT.MXFP4, QT.Q8_0)], ids=["mxfp4", "mixed"])

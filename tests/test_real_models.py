@@ -9,6 +9,7 @@ import pytest
 
 import pydecode
 from pydecode.registry import model_path
+from cache_check import assert_cached_decode_equals_recompute
 from reference_llama import ReferenceModel
 
 REL_RMS_TOL = 0.08
@@ -49,13 +50,5 @@ def test_logits_match_reference(real):
 def test_cached_decode_equals_recompute(real):
     name, path = real
     m = pydecode.Model(path, n_ctx=64, n_threads=2)
-    fresh_model = pydecode.Model(path, n_ctx=64, n_threads=2)
-    toks = m.tokenizer.encode(PROMPTS[name])
-    logits = m.prefill(toks).copy()
-    seq = list(toks)
-    for _ in range(6):
-        t = int(np.argmax(logits))
-        logits = m.decode_step(t, len(seq)).copy()
-        seq.append(t)
-        fresh = fresh_model.prefill(seq)   # a fresh prefill over the whole prefix
-        assert np.abs(fresh - logits).max() <= CACHE_ATOL
+    fresh_model = pydecode.Model(path, n_ctx=64, n_threads=2)   # a fresh prefill over each whole prefix
+    assert_cached_decode_equals_recompute(m, fresh_model, m.tokenizer.encode(PROMPTS[name]), 6, CACHE_ATOL)

@@ -6,6 +6,9 @@ that is not a multiple of the kernels' rows per pass, and several weight formats
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
@@ -15,6 +18,7 @@ from gguf.quants import quantize
 from iq_blocks import random_iq_blocks
 
 N_VOCAB = 263
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _byte_tokens() -> list[str]:
@@ -31,20 +35,13 @@ def _byte_tokens() -> list[str]:
 
 def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: float = 1.0, high: float = 4.0,
                      orig_ctx: int = 8192) -> np.ndarray:
-    """Llama 3.1/3.2's per-frequency divisors, as llama.cpp's converter writes rope_freqs.weight
-    (Llama-3.2-1B: factor 32, low/high frequency factors 1 and 4, original context 8192): 1 for
-    short wavelengths, the factor for long ones, a smooth blend between."""
-    out = []
-    for freq in base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim):
-        wavelen = 2 * np.pi / freq
-        if wavelen < orig_ctx / high:
-            out.append(1.0)
-        elif wavelen > orig_ctx / low:
-            out.append(factor)
-        else:
-            smooth = (orig_ctx / wavelen - low) / (high - low)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return np.array(out, np.float32)
+    """Llama 3.1/3.2's per-frequency divisors as llama.cpp's converter writes rope_freqs.weight
+    (Llama-3.2-1B: factor 32, low/high frequency factors 1 and 4, original context 8192): the
+    synthetic generator's function (bench/synthetic_shapes.py), one formula for both."""
+    spec = importlib.util.spec_from_file_location("synthetic_shapes", REPO / "bench" / "synthetic_shapes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return np.array(mod.llama3_rope_freqs(head_dim, base, factor, low, high, orig_ctx), np.float32)
 
 
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
