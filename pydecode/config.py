@@ -249,8 +249,8 @@ def _experts(gguf: GGUFFile, p: str, a: dict) -> dict:
     scale = _key(gguf, p + "expert_weights_scale", float, 0.0)
     if scale < 0:
         bad("expert_weights_scale", f"must not be negative, got {scale}")
-    if _key(gguf, p + "expert_shared_count", int, 0) or _key(gguf, p + "expert_shared_feed_forward_length", int, 0):
-        bad("expert_shared_count", "(shared experts) is not supported yet")
+    # Shared experts (expert_shared_count / _feed_forward_length): llama.cpp's qwen3moe reads
+    # neither; a file holding ffn_*_shexp tensors is refused by the C core, naming the tensor.
     return dict(n_expert=n, n_expert_used=used, n_ff_exp=width, expert_gating=gating, expert_norm=bool(norm),
                 expert_scale=scale)
 

@@ -152,7 +152,6 @@ def test_active_bytes(moe_path):
     ({"expert_used_count": 0}, r"expert_used_count is 0"),
     ({"expert_feed_forward_length": 40}, r"expert_feed_forward_length must be a positive multiple of 32"),
     ({"expert_gating_func": 7}, r"expert_gating_func is 7"),
-    ({"expert_shared_count": 1}, r"shared experts\) is not supported"),
 ])
 def test_hostile_expert_keys_are_refused(tmp_path, keys, match):
     path = tmp_path / "h.gguf"
