@@ -178,3 +178,26 @@ def test_info_shows_total_and_active_bytes(moe_path):
     assert r.exit_code == 0, r.output
     assert "experts         8 per layer, 3 per token, ffn 32; gating softmax, renormalized" in r.output
     assert "(3 of 8 experts; " in r.output and "MB with all of them)" in r.output
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(n_expert=5000), "expert count 5000 outside 1..1024"),
+    (dict(n_expert=0), "expert count 0 outside 1..1024"),
+    (dict(n_expert=0, n_expert_used=0, n_ff_exp=0), "ffn_gate_inp.weight is present but the config has no experts"),
+    (dict(n_expert_used=9), "experts used per token 9 outside 1..8"),
+    (dict(n_expert_used=-1), "experts used per token -1"),
+    (dict(n_ff_exp=48), "expert FFN width 48 must be a positive multiple of 32"),
+    (dict(n_ff_exp=64), "blk.0.ffn_gate_exps.weight has shape [64, 256], expected [64, 512]"),
+    (dict(expert_gating=9), "unknown expert gating function 9"),
+    (dict(expert_scale=float("nan")), "expert weights scale nan"),
+])
+def test_c_core_refuses_hostile_expert_configs(moe_path, fields, match):
+    """The C core's own checks (a caller of pd_model_new that is not Model): an error naming the
+    problem, and the size estimate before a load does not wrap around."""
+    from pydecode._core import ffi, lib
+    m = pydecode.Model(moe_path, n_ctx=32, n_threads=1)
+    cfg = m._cfg_with(**fields)
+    err = ffi.new("char[512]")
+    assert lib.pd_model_new(cfg, m._tensors, len(m._tensors), ffi.NULL, err, 512) == ffi.NULL
+    assert match in ffi.string(err).decode()
+    assert lib.pd_config_memory_bytes(cfg) < 1 << 40

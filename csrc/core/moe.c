@@ -79,7 +79,9 @@ static size_t moe_layout(const pd_config *c, pd_moe *e, char *base) {
 }
 
 size_t pd_moe_scratch_bytes(const pd_config *c) {
-    return c && c->n_expert > 0 && c->n_expert_used > 0 ? moe_layout(c, NULL, NULL) : 0;
+    char err[8];   /* a hostile count must not wrap the size around (the load refuses it anyway) */
+    if (!c || c->n_expert < 1 || c->n_batch < 1 || c->n_layer < 1 || pd_moe_check_config(c, err, sizeof err)) return 0;
+    return moe_layout(c, NULL, NULL);
 }
 
 int pd_moe_alloc(pd_model *m) {
