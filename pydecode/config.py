@@ -32,6 +32,11 @@ ARCHS: dict[str, dict] = {
     # GGUF keys expert_gating_func / expert_weights_norm / expert_weights_scale override them
     # where a file has them (a qwen3moe file has none).
     "qwen3moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=True),
+    # Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (QKV biases); softmax top-k NOT
+    # renormalized (llama.cpp's llm_build_qwen2moe: norm_w = false; HF norm_topk_prob = false), plus
+    # a shared expert every token runs (ffn_*_shexp, width expert_shared_feed_forward_length),
+    # scaled by sigmoid(ffn_gate_inp_shexp . x).
+    "qwen2moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=False),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
                      sliding_window=False, swa_period=0, moe=False, expert_gating="softmax", expert_norm=False)
@@ -52,7 +57,8 @@ LAYER_TENSORS = [
     "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
 ]
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
-                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"}
+                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight",
+                    "ffn_gate_inp_shexp.weight"}
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -86,6 +92,7 @@ class ArchConfig:
     expert_gating: str = "softmax"
     expert_norm: bool = False
     expert_scale: float = 0.0
+    n_ff_shexp: int = 0
 
     def c_fields(self) -> dict:
         """The pd_config fields of the FFN (pydecode.h): every layer a mixture of experts gets no
@@ -94,7 +101,7 @@ class ArchConfig:
             return {"n_ff": self.n_ff}
         return {"n_ff": self.n_ff_exp, "n_expert": self.n_expert, "n_expert_used": self.n_expert_used,
                 "n_ff_exp": self.n_ff_exp, "expert_gating": GATING_C[self.expert_gating],
-                "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale}
+                "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale, "n_ff_shexp": self.n_ff_shexp}
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
@@ -249,10 +256,16 @@ def _experts(gguf: GGUFFile, p: str, a: dict) -> dict:
     scale = _key(gguf, p + "expert_weights_scale", float, 0.0)
     if scale < 0:
         bad("expert_weights_scale", f"must not be negative, got {scale}")
-    # Shared experts (expert_shared_count / _feed_forward_length): llama.cpp's qwen3moe reads
-    # neither; a file holding ffn_*_shexp tensors is refused by the C core, naming the tensor.
+    # A shared expert: its width where the file holds its tensors (llama.cpp's qwen2moe reads the
+    # key, default n_ff; its qwen3moe neither, and a qwen3moe file has no such tensors).
+    shexp = 0
+    if "blk.0.ffn_up_shexp.weight" in gguf.tensors:
+        shexp = _key(gguf, p + "expert_shared_feed_forward_length", int,
+                     _key(gguf, p + "feed_forward_length", int, 0))
+        if shexp < 1 or shexp % 32:
+            bad("expert_shared_feed_forward_length", f"must be a positive multiple of 32, got {shexp}")
     return dict(n_expert=n, n_expert_used=used, n_ff_exp=width, expert_gating=gating, expert_norm=bool(norm),
-                expert_scale=scale)
+                expert_scale=scale, n_ff_shexp=shexp)
 
 
 def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -303,6 +316,10 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
             layer.pop(name)
         layer.update({"ffn_gate_inp.weight": (d, ne), "ffn_gate_exps.weight": (d, nf, ne),
                       "ffn_up_exps.weight": (d, nf, ne), "ffn_down_exps.weight": (nf, d, ne)})
+        if cfg.n_ff_shexp:
+            ns = cfg.n_ff_shexp
+            layer.update({"ffn_gate_inp_shexp.weight": (d,), "ffn_gate_shexp.weight": (d, ns),
+                          "ffn_up_shexp.weight": (d, ns), "ffn_down_shexp.weight": (ns, d)})
     for l in range(cfg.n_layer):
         want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
     for name, shape in want.items():

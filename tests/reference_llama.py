@@ -23,6 +23,8 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
   if norm_topk_prob (true in every Qwen3-MoE config, and llama.cpp's qwen3moe always): divided by
   their sum; out = sum_j w_j * down_j(silu(gate_j(x)) * up_j(x)). GGUF stores the experts as 3-D
   tensors [in, out, n_expert] (numpy: (n_expert, out, in)).
+* Qwen2-MoE (HF modeling_qwen2_moe, Qwen2MoeSparseMoeBlock): the same routing with
+  norm_topk_prob false, plus sigmoid(shared_expert_gate(x)) * shared_expert(x) (a SwiGLU FFN).
 """
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe; got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -67,7 +69,7 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe")
         # Mixture of experts (GGUF keys as llama.cpp names them; gating 1 softmax, 2 sigmoid,
         # 3 softmax over the chosen logits only).
         self.n_expert = int(m("expert_count", 0))
@@ -197,6 +199,12 @@ class ReferenceModel:
                 g = self.expert_linear(x, p + "ffn_gate_exps", e)
                 u = self.expert_linear(x, p + "ffn_up_exps", e)
                 out[t] += wt * self.expert_linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_exps", e)[0]
+        if self.has(p + "ffn_up_shexp.weight"):
+            g, u = self.linear(h, p + "ffn_gate_shexp"), self.linear(h, p + "ffn_up_shexp")
+            shared = self.linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp")
+            if self.has(p + "ffn_gate_inp_shexp.weight"):
+                shared = shared / (1.0 + np.exp(-(h @ self.w(p + "ffn_gate_inp_shexp.weight").astype(np.float64))))[:, None]
+            out = out + shared
         return out
 
     def ffn(self, h, i):

@@ -16,7 +16,7 @@ from tiny_models import N_VOCAB, write_tiny_model
 
 REL_RMS_TOL = 0.04  # measured 0.6-1.7%; a missing window or the wrong RoPE layout gives 12-16%
 CACHE_ATOL = 2e-3
-ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -75,8 +75,8 @@ def test_arch_config_from_metadata(tiny):
     if c.arch == "gemma3":
         assert c.sliding_window == 4 and c.swa_period == 6 and c.act_gelu and c.rope_neox
         assert c.embd_scale == pytest.approx(8.0) and c.rope_base_local == 10000.0
-    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe"))
-    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe"))
+    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"))
+    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "qwen2moe"))
     if c.arch == "qwen3moe":
         assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm) == (8, 2, 32, "softmax", True)
 

@@ -64,6 +64,23 @@ def test_gating_matches_reference(tmp_path, gating, isa):
         assert _rel(ours, ref.logits(toks)) > 0.05
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_shared_expert_matches_reference(tmp_path, isa):
+    """qwen2moe: softmax top-k not renormalized, plus the shared expert scaled per token by
+    sigmoid(ffn_gate_inp_shexp . x); without that gate the logits are far off."""
+    _isa(isa)
+    path = tmp_path / "q2.gguf"
+    write_tiny_model(path, "qwen2moe", n_layer=3, weight_types=(QT.F16,), router_scale=0.25)
+    toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
+    ref = ReferenceModel(path)
+    m = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa, kv_type="f32")
+    assert (m.config.n_ff_shexp, m.config.expert_norm) == (96, False)
+    ours = m.prefill(toks, all_logits=True)
+    assert _rel(ours, ref.logits(toks)) <= EXACT_REL
+    ref.tensors.pop("blk.1.ffn_gate_inp_shexp.weight")
+    assert _rel(ours, ref.logits(toks)) > 0.05
+
+
 def test_tables_agree_on_the_quantized_path(moe_path):
     """Every ISA table against the scalar twin on mixed formats, repacked and not: the same
     routes (the logits' argmax) and logits within the activation rounding."""
@@ -165,6 +182,13 @@ def test_expert_tensors_of_the_wrong_shape_or_in_a_dense_file(tmp_path):
     write_tiny_model(path, "qwen3moe", n_layer=2, n_ff_exp=64, moe_keys={"expert_feed_forward_length": 32})
     with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_exps\.weight has shape \[64, 64, 8\], expected \[64, 32, 8\]"):
         pydecode.Model(path, n_ctx=32, n_threads=1)
+    shared = tmp_path / "sh.gguf"   # shared-expert tensors where the config has none
+    write_tiny_model(shared, "qwen2moe", n_layer=2)
+    m = pydecode.Model(shared, n_ctx=32, n_threads=1)
+    from pydecode._core import ffi, lib
+    err = ffi.new("char[512]")
+    assert lib.pd_model_new(m._cfg_with(n_ff_shexp=0), m._tensors, len(m._tensors), ffi.NULL, err, 512) == ffi.NULL
+    assert "blk.0.ffn_gate_inp_shexp.weight is present but the config has no shared expert" in ffi.string(err).decode()
     dense = tmp_path / "d.gguf"   # a dense qwen3 carrying a router: the C core names it
     write_tiny_model(dense, "qwen3", n_layer=2, moe=True)
     with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_inp\.weight is present but the config has no experts"):

@@ -42,11 +42,11 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
-    dense = arch != "qwen3moe"
+    dense = arch not in ("qwen3moe", "qwen2moe")
     moe = not dense if moe is None else moe
     if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
         keys = {"expert_count": n_expert, "expert_used_count": n_expert_used, "expert_feed_forward_length": n_ff_exp,
-                **(moe_keys or {})}
+                **({"expert_shared_feed_forward_length": n_ff} if arch == "qwen2moe" else {}), **(moe_keys or {})}
         for key, value in keys.items():   # gating as a number: this gguf's enum lacks 3
             w.add_uint32(f"{arch}.{key}", value) if key in ("expert_gating_func", "expert_count") \
                 else getattr(w, "add_" + key)(value)
@@ -93,7 +93,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     vector("output_norm.weight", n_embd)
     if rope_freqs:  # Llama 3.1-style per-frequency divisors
         w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
-    if arch in ("qwen2", "qwen3moe"):  # untied output head
+    if arch in ("qwen2", "qwen3moe", "qwen2moe"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -102,7 +102,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         matrix(p + "attn_k.weight", kvd, n_embd)
         matrix(p + "attn_v.weight", kvd, n_embd)
         matrix(p + "attn_output.weight", n_embd, qd)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
             vector(p + "attn_v.bias", kvd, 0.0, 0.5)
@@ -118,6 +118,11 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
+        if moe and arch == "qwen2moe":   # its shared expert, of width n_ff, gated per token
+            vector(p + "ffn_gate_inp_shexp.weight", n_embd, 0.0, 0.3)
+            matrix(p + "ffn_gate_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_up_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_down_shexp.weight", n_embd, n_ff)
         if dense:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
