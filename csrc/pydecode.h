@@ -37,7 +37,11 @@ enum {
     PD_ATTN_NORM = 0, PD_WQ, PD_WK, PD_WV, PD_WO, PD_BQ, PD_BK, PD_BV, PD_Q_NORM, PD_K_NORM,
     PD_POST_ATTN_NORM, PD_FFN_NORM, PD_GATE, PD_UP, PD_DOWN, PD_POST_FFN_NORM,
     PD_GATE_INP, PD_GATE_EXPS, PD_UP_EXPS, PD_DOWN_EXPS,
-    PD_GATE_INP_SHEXP, PD_GATE_SHEXP, PD_UP_SHEXP, PD_DOWN_SHEXP, PD_LAYER_SLOTS
+    PD_GATE_INP_SHEXP, PD_GATE_SHEXP, PD_UP_SHEXP, PD_DOWN_SHEXP,
+    PD_BO,          /* attn_output.bias (optional, gpt-oss): added with the output projection */
+    PD_ATTN_SINKS,  /* attn_sinks.weight (optional, gpt-oss): F32[n_head], a logit per query head that
+                       joins every softmax's denominator and weighs no value (an "attention sink") */
+    PD_LAYER_SLOTS
 };
 /* How a mixture-of-experts router turns its logits into the k experts' weights (pd_config.
  * expert_gating; GGUF <arch>.expert_gating_func 1, 2, 3). The k chosen are the k largest logits
@@ -63,10 +67,17 @@ typedef struct {
     float attn_scale;        /* 0 -> 1/sqrt(head_dim) */
     float embd_scale;        /* 0 -> 1 (gemma: sqrt(n_embd)) */
     int act_gelu;            /* 0: SwiGLU (silu(gate)*up); 1: GELU(tanh)(gate)*up */
-    int sliding_window;      /* window of the local layers (0: none) */
+    int sliding_window;      /* window of the local layers (0: none); their RoPE: rope_base_local with no
+                                scaling if > 0 (gemma3), else the global layers' (gpt-oss) */
     const uint8_t *local_layers;  /* [n_layer]: 1 where a layer attends over the window only
                                      (Python's ArchConfig.layer_is_local decides; NULL: none) */
     float rope_freq_scale;   /* linear RoPE scaling of global layers: pos * scale (0 -> 1) */
+    float rope_attn_factor;  /* the global layers' rotated dims scaled by it (cos and sin x factor: LongRoPE's
+                                and YaRN's attention factor, as ggml's rope applies it); 0 -> 1 */
+    float rope_yarn_ext;     /* YaRN (0: off): pair i's angle mixes the scaled (pos * rope_freq_scale) and
+                                the unscaled one by ramp(i) * rope_yarn_ext, ramp 1 below pair
+                                rope_yarn_low, 0 past rope_yarn_high, linear between (ggml's rope_yarn) */
+    float rope_yarn_low, rope_yarn_high;
     int kv_type;             /* the cache's format: PD_KV_F16 (default), PD_KV_F32, or PD_KV_Q8_0 (GGML's
                                 block_q8_0: per 32 values an f16 scale and 32 int8; head_dim % 32 == 0) */
     int n_threads;

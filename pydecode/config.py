@@ -5,6 +5,7 @@ activation, ...), never copying the forward pass.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -21,6 +22,12 @@ ARCHS: dict[str, dict] = {
     # post-FFN norms (optional tensors), 5 local (sliding-window, RoPE base 10k) layers per global one.
     "gemma3": dict(rope_neox=True, act_gelu=True, embd_scale="sqrt", rope_base_local=10000.0,
                    sliding_window=True, swa_period=6),
+    # Phi-3 / Phi-3.5 / Phi-4-mini: NeoX RoPE (partial: rope.dimension_count), Q/K/V fused in
+    # attn_qkv and gate/up fused in ffn_up (FUSED_TENSORS: views of their rows), LongRoPE's
+    # per-frequency factors (rope_factors_short / _long, chosen by the context: rope_factors)
+    # and its attention factor. Its sliding_window key is ignored, as llama.cpp does (see
+    # llama.cpp's phi3 loader: the converters do not say which layers would use it).
+    "phi3": dict(rope_neox=True),
     # Qwen3: NeoX RoPE (llama.cpp's rope type for LLM_ARCH_QWEN3), per-head Q/K RMSNorm before
     # RoPE (attn_q_norm / attn_k_norm: optional tensors), no QKV bias; head_dim is
     # attention.key_length (128), not n_embd / n_head (0.6B: 1024 / 16 = 64).
@@ -55,10 +62,20 @@ LAYER_TENSORS = [
     "ffn_down.weight", "post_ffw_norm.weight",
     "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
     "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+    "attn_output.bias", "attn_sinks.weight",
 ]
+# Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
+# the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
+# gate then up (llama.cpp's fused SwiGLU: silu of the first half times the second half).
+FUSED_TENSORS = {
+    "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "ffn_up.weight": ("ffn_gate.weight", "ffn_up.weight"),
+}
+# LongRoPE's frequency factors (phi3): one of the two becomes the rope_freqs.weight slot.
+ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
-                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight",
-                    "ffn_gate_inp_shexp.weight"}
+                    "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "attn_output.bias",
+                    "attn_sinks.weight", "ffn_gate_inp_shexp.weight"}
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -85,6 +102,48 @@ class ArchConfig:
     sliding_window: int
     swa_period: int
     tied_output: bool
+    rope_attn_factor: float = 1.0   # scales the rotated dims' cos/sin (LongRoPE's / YaRN's attention factor)
+    n_ctx_orig: int = 0             # rope.scaling.original_context_length (0: n_ctx_train)
+    rope_yarn: tuple = (0.0, 0.0, 0.0)   # YaRN: (ext_factor, first and last ramped pair); ext 0: off
+
+    def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
+        """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
+        factors past the original training context, else the short ones (llama.cpp's choice,
+        made per context, so a state file records it: kvstate._shapes)."""
+        if ROPE_FACTORS[0] not in gguf.tensors:
+            return None
+        return ROPE_FACTORS[1] if n_ctx > (self.n_ctx_orig or self.n_ctx_train) else ROPE_FACTORS[0]
+
+    def tensor_views(self, gguf: GGUFFile, n_ctx: int | None = None) -> dict:
+        """Each tensor slot's source as (GGUF tensor, first row, rows): the file's tensor of that
+        name whole, or a run of rows of a fused tensor (FUSED_TENSORS), or the LongRoPE factors
+        for rope_freqs.weight (rope_factors; the short ones when n_ctx is not given)."""
+        views = {name: (t, 0, t.n_elements // t.shape[0] if t.shape else 0) for name, t in gguf.tensors.items()}
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            qkv = gguf.tensors.get(p + "attn_qkv.weight")
+            if qkv is not None and p + "attn_q.weight" not in gguf.tensors and qkv.shape[0] == self.n_embd:
+                lens = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_head_kv * self.head_dim)
+                self._split(views, qkv, [p + n for n in FUSED_TENSORS["attn_qkv.weight"]], lens)
+            up = gguf.tensors.get(p + "ffn_up.weight")
+            if up is not None and p + "ffn_gate.weight" not in gguf.tensors and len(up.shape) == 2 \
+                    and tuple(up.shape) == (self.n_embd, 2 * self.n_ff):
+                self._split(views, up, [p + n for n in FUSED_TENSORS["ffn_up.weight"]], (self.n_ff, self.n_ff))
+        rf = self.rope_factors(gguf, n_ctx or 0)
+        if rf is not None and "rope_freqs.weight" not in gguf.tensors and rf in gguf.tensors:
+            t = gguf.tensors[rf]
+            views["rope_freqs.weight"] = (t, 0, 1)
+        return views
+
+    @staticmethod
+    def _split(views: dict, t, names: list, lens) -> None:
+        rows = t.n_elements // t.shape[0] if len(t.shape) == 2 else -1
+        if sum(lens) != rows:   # no views: check_tensors names the tensor that does not fit
+            return
+        r0 = 0
+        for name, n in zip(names, lens):
+            views[name] = (t, r0, n)
+            r0 += n
     # Mixture of experts (0 / defaults: dense). n_ff_exp: one expert's FFN width.
     n_expert: int = 0
     n_expert_used: int = 0
@@ -168,12 +227,46 @@ def _key(gguf: GGUFFile, key: str, kind: type, default=None):
     return v
 
 
+def _yarn(gguf: GGUFFile, p: str, rope_dim: int, base: float, factor: float, attn_factor: float,
+          n_ctx_orig: int) -> tuple[tuple, float]:
+    """YaRN's data, as llama.cpp computes it: ((ext_factor, low, high), the cos/sin scale).
+    Pairs below `low` keep the unscaled angle, past `high` the interpolated one (ggml's
+    ggml_rope_yarn_corr_dims, from beta_fast / beta_slow rotations over the original context);
+    cos and sin are scaled by 1 + 0.1 ln(factor) (times rope.scaling.attn_factor), which is what
+    llama.cpp's attn_factor and ggml's rope_yarn give together."""
+    if _key(gguf, p + "rope.scaling.yarn_log_multiplier", float, 0.0) != 0.0:
+        raise ModelError(f"{gguf.path}: YaRN with {p}rope.scaling.yarn_log_multiplier (DeepSeek's) is not supported")
+    ext = _key(gguf, p + "rope.scaling.yarn_ext_factor", float, 1.0)
+    fast = _key(gguf, p + "rope.scaling.yarn_beta_fast", float, 32.0)
+    slow = _key(gguf, p + "rope.scaling.yarn_beta_slow", float, 1.0)
+    if not (0 <= ext <= 1 and fast > 0 and slow > 0 and n_ctx_orig > 0):
+        raise ModelError(f"{gguf.path}: YaRN metadata out of range (ext_factor {ext}, beta_fast {fast}, "
+                         f"beta_slow {slow}, original context {n_ctx_orig})")
+
+    def corr_dim(rotations: float) -> float:
+        return rope_dim * math.log(n_ctx_orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(0.0, math.floor(corr_dim(fast))), min(rope_dim - 1.0, math.ceil(corr_dim(slow)))
+    return (ext, low, high), attn_factor * (1.0 + 0.1 * math.log(factor) if ext else 1.0)
+
+
 def _rope_freq_scale(gguf: GGUFFile, p: str) -> float:
-    """Linear RoPE scaling (positions divided by the factor); other kinds are refused, not ignored."""
+    """Linear RoPE scaling (positions divided by the factor). Scalings that live in a tensor of
+    per-frequency factors are the tensor's: Llama 3's (rope_freqs.weight; llama.cpp's converter
+    writes no type for it, others write 'llama3') and LongRoPE's (rope_factors_*, phi3). Other
+    kinds are refused, not ignored."""
     kind = _key(gguf, p + "rope.scaling.type", str, "none")
     factor = _key(gguf, p + "rope.scaling.factor", float, 1.0)
     if factor < 0:
         raise ModelError(f"{gguf.path}: metadata key {p}rope.scaling.factor must be positive, got {factor}")
+    in_tensor = {"llama3": ("rope_freqs.weight",), "longrope": ROPE_FACTORS}
+    if kind == "yarn":
+        return 1.0 / factor if factor > 1.0 else 1.0
+    if kind in in_tensor:
+        if not any(n in gguf.tensors for n in in_tensor[kind]):
+            raise ModelError(f"{gguf.path}: RoPE scaling '{kind}' ({p}rope.scaling.type) needs the tensor "
+                             f"{in_tensor[kind][0]}, which the file lacks")
+        return 1.0
     if kind == "none" or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":
@@ -222,8 +315,16 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         sliding_window=_key(gguf, p + "attention.sliding_window", int, 0) if a["sliding_window"] else 0,
         swa_period=_key(gguf, p + "attention.sliding_window_pattern", int, a["swa_period"]),
         tied_output="output.weight" not in gguf.tensors,
+        rope_attn_factor=_key(gguf, p + "rope.scaling.attn_factor", float, 1.0),
+        n_ctx_orig=_key(gguf, p + "rope.scaling.original_context_length", int, 0),
         **(_experts(gguf, p, a) if a["moe"] else {}),
     )
+    if _key(gguf, p + "rope.scaling.type", str, "none") == "yarn" and cfg.rope_freq_scale < 1.0:
+        if not (cfg.rope_base > 1 and 2 <= cfg.rope_dim):
+            raise ModelError(f"{gguf.path}: YaRN needs {p}rope.freq_base > 1 and a rotary dimension")
+        yarn, mscale = _yarn(gguf, p, cfg.rope_dim, cfg.rope_base, 1.0 / cfg.rope_freq_scale, cfg.rope_attn_factor,
+                             cfg.n_ctx_orig or cfg.n_ctx_train)
+        cfg = dataclasses.replace(cfg, rope_yarn=yarn, rope_attn_factor=mscale)
     check_config(gguf, cfg)
     check_tensors(gguf, cfg)
     return cfg
@@ -276,10 +377,10 @@ def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
     def bad(key: str, why: str):
         raise ModelError(f"{path}: metadata key {p}{key} {why}")
 
-    # Every layer needs at least its 9 required tensors, all in this file.
-    if not 1 <= cfg.n_layer <= len(gguf.tensors) // 9:
+    # Every layer needs at least its 6 required tensors (fused Q/K/V and gate/up: phi3), all in this file.
+    if not 1 <= cfg.n_layer <= len(gguf.tensors) // 6:
         bad("block_count", f"is {cfg.n_layer}, but the file's {len(gguf.tensors)} tensors hold at most "
-                           f"{len(gguf.tensors) // 9} layers")
+                           f"{len(gguf.tensors) // 6} layers")
     if cfg.n_head * cfg.head_dim > INT_MAX or cfg.n_head_kv * cfg.head_dim > INT_MAX:
         bad("attention.key_length", f"{cfg.head_dim} x {cfg.n_head} heads overflows")
     if cfg.head_dim < 2 or cfg.head_dim % 2:
@@ -294,6 +395,8 @@ def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
         bad("attention.layer_norm_rms_epsilon", f"must not be negative, got {cfg.norm_eps}")
     if cfg.rope_base <= 0 or cfg.rope_base_local < 0:
         bad("rope.freq_base", f"must be positive, got {cfg.rope_base} (local {cfg.rope_base_local})")
+    if not 0 < cfg.rope_attn_factor <= 1e3:
+        bad("rope.scaling.attn_factor", f"must be in (0, 1000], got {cfg.rope_attn_factor}")
 
 
 def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -301,15 +404,21 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
     d, qd, kvd = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     want = {
         "token_embd.weight": (d, cfg.n_vocab), "output_norm.weight": (d,), "output.weight": (d, cfg.n_vocab),
-        "rope_freqs.weight": (cfg.rope_dim // 2,),
+        "rope_freqs.weight": (cfg.rope_dim // 2,), ROPE_FACTORS[0]: (cfg.rope_dim // 2,),
+        ROPE_FACTORS[1]: (cfg.rope_dim // 2,),
     }
+    if (ROPE_FACTORS[0] in gguf.tensors) != (ROPE_FACTORS[1] in gguf.tensors):
+        raise ModelError(f"{gguf.path}: LongRoPE needs both {ROPE_FACTORS[0]} and {ROPE_FACTORS[1]}")
+    views = cfg.tensor_views(gguf)
     layer = {
         "attn_norm.weight": (d,), "attn_q.weight": (d, qd), "attn_k.weight": (d, kvd), "attn_v.weight": (d, kvd),
         "attn_output.weight": (qd, d), "attn_q.bias": (qd,), "attn_k.bias": (kvd,), "attn_v.bias": (kvd,),
         "attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,),
         "post_attention_norm.weight": (d,), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, cfg.n_ff),
         "ffn_up.weight": (d, cfg.n_ff), "ffn_down.weight": (cfg.n_ff, d), "post_ffw_norm.weight": (d,),
+        "attn_output.bias": (d,), "attn_sinks.weight": (cfg.n_head,),
     }
+    fused = {"attn_qkv.weight": (d, qd + 2 * kvd), "ffn_up.weight": (d, 2 * cfg.n_ff)}
     if cfg.n_expert:   # 3-D expert tensors: [in, out, n_expert] in GGML order (llama.cpp's convention)
         ne, nf = cfg.n_expert, cfg.n_ff_exp
         for name in DENSE_FFN:
@@ -323,14 +432,20 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
     for l in range(cfg.n_layer):
         want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
     for name, shape in want.items():
-        t = gguf.tensors.get(name)
+        v = views.get(name) if name != "rope_freqs.weight" else (gguf.tensors.get(name), 0, 0)
+        t = v[0] if v else None
         base = name.split(".", 2)[-1] if name.startswith("blk.") else name
         if t is None:
-            if base not in OPTIONAL_TENSORS:
-                raise ModelError(f"{gguf.path}: tensor {name} is missing (architecture {cfg.arch})")
+            if base not in OPTIONAL_TENSORS and base not in ROPE_FACTORS:
+                src = next((f for f, parts in FUSED_TENSORS.items() if base in parts), None)
+                also = f" (nor a fused {src} of shape {list(fused[src])})" if src else ""
+                raise ModelError(f"{gguf.path}: tensor {name} is missing{also} (architecture {cfg.arch})")
             continue
+        if t.name != name or v[2] != t.n_elements // t.shape[0]:   # rows of a fused tensor (checked whole
+            continue                                               # by tensor_views: its rows add up)
         if tuple(t.shape) != shape:
-            raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+            extra = f" (or a fused one of {list(fused[base])})" if base in fused else ""
+            raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}{extra}")
         if len(shape) == 1 and t.type != 0:
             raise ModelError(f"{gguf.path}: tensor {name} has type {type_name(t.type)}, expected F32")
 

@@ -63,7 +63,9 @@ def _shapes(model) -> dict:
     return {"n_layer": c.n_layer, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
             "k_rotation": "hadamard32" if model.kv_type == "q8_0" else "none",
             "sliding_window": c.sliding_window,
-            "local_layers": "".join("1" if c.layer_is_local(layer) else "0" for layer in range(c.n_layer))}
+            "local_layers": "".join("1" if c.layer_is_local(layer) else "0" for layer in range(c.n_layer)),
+            # LongRoPE (phi3): the factors K was rotated with depend on the context (ArchConfig.rope_factors)
+            **({"rope_factors": rf} if (rf := c.rope_factors(model.gguf, model.n_ctx)) else {})}
 
 
 def dumps(model, slot: int, tokens: list[int]) -> bytes:

@@ -5,6 +5,7 @@ import os
 import warnings
 
 from .chat import fallback_template, render
+from .chat.reasoning import for_template, reasoning_format
 from .engine import Engine, Handle
 from .errors import ModelClosedError
 from .generation import Completion
@@ -133,14 +134,27 @@ class LLM:
             for h in handles:   # no-op for finished ones; after an error, none keeps running
                 h.cancel()
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's chat template makes of `messages`."""
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The prompt text the model's chat template makes of `messages` (an assistant turn may
+        carry its `reasoning_content`); template_kwargs are more template variables, e.g.
+        enable_thinking=False for Qwen3, reasoning_effort="high" for gpt-oss."""
         tok = self.tokenizer
         meta = self.model.gguf.metadata
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
-        return render(messages, meta.get("tokenizer.chat_template") or fallback_template(tok), bos_token=bos, eos_token=eos,
-                      add_generation_prompt=add_generation_prompt)
+        return render(for_template(messages, self.reasoning_format),
+                      meta.get("tokenizer.chat_template") or fallback_template(tok), bos_token=bos, eos_token=eos,
+                      add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    @property
+    def reasoning_format(self) -> str | None:
+        """How this model's answers carry reasoning: "think" (<think>...</think>, Qwen3),
+        "channel" (Gemma 4's thought channel), "harmony" (gpt-oss's analysis channel) or None
+        (see pydecode/chat/reasoning.py)."""
+        if not hasattr(self, "_reasoning_format"):
+            self._reasoning_format = reasoning_format(self.model.gguf.metadata.get("tokenizer.chat_template"),
+                                                      self.tokenizer)
+        return self._reasoning_format
 
     def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Completion:
         """Replies to a conversation. The history's K/V stay cached across turns, so turn N+1
@@ -151,11 +165,11 @@ class LLM:
         """Like chat, streamed."""
         return self.stream(self.chat_tokens(messages), max_tokens, **sampling)
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], **template_kwargs) -> list[int]:
         """The token ids of the prompt the chat template makes of `messages` (what chat() runs;
         for the Engine, e.g. llm.engine.submit(llm.chat_tokens(messages)))."""
         # The template writes BOS itself when the model wants it: don't add a second one.
-        text = self.chat_prompt(messages)
+        text = self.chat_prompt(messages, **template_kwargs)
         ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):

@@ -224,7 +224,8 @@ class Model:
         # Which layers are local is decided here, once (ArchConfig.layer_is_local); C is told.
         self._local_layers = ffi.new("uint8_t[]", [int(c.layer_is_local(l)) for l in range(c.n_layer)])
         cfg.local_layers = self._local_layers
-        cfg.rope_freq_scale = c.rope_freq_scale
+        cfg.rope_freq_scale, cfg.rope_attn_factor = c.rope_freq_scale, c.rope_attn_factor
+        cfg.rope_yarn_ext, cfg.rope_yarn_low, cfg.rope_yarn_high = c.rope_yarn
         cfg.kv_type = KV_TYPES[self.kv_type]
         cfg.n_seq = self.n_seq
         cfg.no_repack = int(not self.repack)
@@ -235,17 +236,16 @@ class Model:
         # One pointer to the whole mapping; tensors are offsets into it (zero-copy).
         self._base_buf = ffi.from_buffer(self.gguf.data)
         base = ffi.cast("char *", self._base_buf)
+        views = c.tensor_views(self.gguf, self.n_ctx)   # a slot: a tensor, or rows of a fused one
         for i, name in enumerate(names):
-            t = self.gguf.tensors.get(name)
-            if t is None:
+            if name not in views:
                 continue
+            t, row0, rows = views[name]
             if t.offset % 4:
-                raise ModelError(f"{self.path}: tensor {name} is not 4-byte aligned in the file")
+                raise ModelError(f"{self.path}: tensor {t.name} is not 4-byte aligned in the file")
             tensors[i].type = t.type
-            tensors[i].data = base + t.offset
-            tensors[i].ne0 = t.shape[0]
-            tensors[i].ne1 = t.n_elements // t.shape[0]
-            tensors[i].row_bytes = t.row_bytes
+            tensors[i].data = base + t.offset + row0 * t.row_bytes
+            tensors[i].ne0, tensors[i].ne1, tensors[i].row_bytes = t.shape[0], rows, t.row_bytes
         return cfg, tensors, names
 
     def _build(self, names) -> None:

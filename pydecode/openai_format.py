@@ -60,3 +60,8 @@ def chat_logprobs(tokenizer, pieces, n: int) -> dict:
     return {"content": [{**entry(p.token, p.logprob),
                          "top_logprobs": [entry(t, lp) for t, lp in (p.top_logprobs or [])[:n]]}
                         for p in pieces if p.token >= 0]}
+
+
+def chat_delta(kind: str, text: str) -> dict:
+    """A streamed chunk's delta for a part of kind "reasoning" or "content" (chat/reasoning.py)."""
+    return {"reasoning_content" if kind == "reasoning" else "content": text}

@@ -134,6 +134,9 @@ class Sampler:
         self._fast = (p.temperature > 0 and not p.penalized and (bounded or p.top_p < 1.0 or p.min_p > 0.0))
         self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
                            p.top_p, p.min_p)
+        # Plain temperature sampling (untruncated, no penalties): the whole softmax's draw, the
+        # one computation the constrained draw makes too (draw_untruncated).
+        self._plain = p.temperature > 0 and not p.penalized and not self._fast
         self._src = self._buf = None
         self.proposal = None   # propose's candidates and draw (a pd_proposal *), made on first use
         self._fresh = False    # whether it holds the last proposed step's candidates
@@ -143,7 +146,7 @@ class Sampler:
         """1 / temperature when a model's step may summarize its logits for this sampler's draw
         (csrc/sampling/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
         The Engine turns the summary on for the steps that return one sequence's one row."""
-        return self._fast_args[2] if self._fast and self._fast_args[0] <= SUMMARY_K else 0.0
+        return self._fast_args[2] if (self._fast and self._fast_args[0] <= SUMMARY_K) or self._plain else 0.0
 
     @property
     def propose_inv_t(self) -> float:
@@ -171,6 +174,8 @@ class Sampler:
         """The next token from one step's logits. summary: the Model whose step summarized these
         logits for this sampler (at summary_inv_t), or None. Both ways draw the same uniforms,
         so a seeded run picks the same tokens with or without it."""
+        if self._plain:
+            return self.draw_untruncated(logits, summary)[0]
         if self._fast and logits is self._src:      # the same logits buffer as the last step
             u = self.uniform()
             if summary is not None:
@@ -204,6 +209,18 @@ class Sampler:
         if self.params.temperature == 0:   # the best token: sure (the summary's candidates come with it)
             self._fresh = summary is not None and summary.summary_propose(0, 1.0, 0.0, 0.0, p) >= 0
             return (p.token if self._fresh else self.sample(logits)), True
+        return self.draw_untruncated(logits, summary)
+
+    def draw_untruncated(self, logits: np.ndarray, summary=None) -> tuple[int, bool]:
+        """A draw from the whole vocabulary's softmax at the temperature (logits already
+        `penalize`d), from the step's summary when it made one, else from the logits
+        (pd_sample_propose), into `proposal`: the token, and whether it is sure to survive the
+        chain's truncation (see propose). The one computation of plain temperature sampling and of
+        the constrained draw, so that a seed picks the same tokens with and without a grammar
+        that allows them, whatever the kernel table's exp-sum rounding."""
+        if self.proposal is None:
+            self.proposal = ffi.new("pd_proposal *")
+        p = self.proposal
         self._fresh = True
         top_k, _, inv_t, top_p, min_p = self._fast_args
         u = self.uniform()
@@ -299,7 +316,6 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
     inv_t = 1.0 / p.temperature
     n = len(x)
     bounded = 0 < p.top_k < n
-    k = p.top_k if bounded else min(CANDIDATES, n)
     if bounded or p.top_p < 1.0 or p.min_p > 0.0:
         # The truncated chain (top-k, top-p, min-p, the draw) is one C call: after a decode step
         # has streamed the weights through the caches, each Python line here costs microseconds.
@@ -308,21 +324,9 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
         if t < 0:
             raise MemoryError("sampling scratch memory could not be allocated")
         return t
-    # Plain temperature sampling over the whole vocabulary: mostly lands in the candidates;
-    # the rare draw past them scans the tail in C.
-    ids, vals = sampler._top(x, k)
-    shift = float(vals[0])
-    w = np.exp((vals.astype(np.float64) - shift) * inv_t)   # unnormalized candidate weights
-    z = w.sum() if len(ids) == n else max(w.sum(), lib.pd_sum_exp(ffi.NULL, ffi.cast("float *", x.ctypes.data),
-                                                                    n, inv_t, shift))
-    u = sampler.uniform() * z
-    cw = np.cumsum(w)
-    if u < cw[-1] or len(ids) == n:
-        return int(ids[min(int(np.searchsorted(cw, u, side="right")), len(ids) - 1)])
-    skip = np.sort(ids).astype(np.int32)
-    t = lib.pd_draw_tail(ffi.cast("float *", x.ctypes.data), n, inv_t, shift,
-                         ffi.cast("int32_t *", skip.ctypes.data), len(skip), u - cw[-1])
-    return int(t) if t >= 0 else int(ids[-1])
+    # Plain temperature sampling over the whole vocabulary (after penalties): the constrained
+    # draw's computation (Sampler.draw_untruncated), so both pick the same token from one uniform.
+    return sampler.draw_untruncated(x)[0]
 
 
 def top_logprobs(logits: np.ndarray, sampler: Sampler, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:

@@ -28,7 +28,7 @@ for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b; do
   .venv/bin/pydecode pull "$m" >/dev/null
 done
 # llama.cpp's tokenizer test suite, from PyPI's llama-cpp-python sdist (76 MB, once; tests/conformance.py).
-.venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import conformance; conformance.tokenizer_dir()"
+.venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import conformance; conformance.tokenizer_dir(); conformance.o200k_dir()"
 
 banner() { printf '\ntest.sh: ==== %s ====\n\n' "$*" >&2; }
 if ! .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"; then
@@ -36,6 +36,24 @@ if ! .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"; then
   exit 1
 fi
 banner "stage 1 (the test suite) passed"
+
+# ---- the sampler on the other x86 tables ----
+# Sampling and structured output on the AVX2 table (what AVX2-only hosts run: stage 1 ran the best
+# table here) and on the plain-C twin (its sampling tests, and the model tests on SmolLM2 only:
+# whole models on the scalar table take minutes), so that "seed for seed" and the distributions
+# hold on every table whichever host CI gets (once, the constrained draw did not on AVX2 only).
+best=$(.venv/bin/python -c "from pydecode._core import ffi, lib; print(ffi.string(lib.pd_isa_best()).decode())")
+T="tests/test_sampling.py tests/test_structured.py"
+if .venv/bin/python -c "from pydecode._core import lib; raise SystemExit(not lib.pd_isa_supported(b'avx2'))"; then
+  if [ "$best" != avx2 ]; then
+    PYDECODE_ISA=avx2 .venv/bin/python -m pytest -q -p no:cacheprovider $T \
+      || { banner "the sampler on the AVX2 table FAILED; stage 2 (the sanitizers) was NOT run"; exit 1; }
+  fi
+  PYDECODE_ISA=scalar .venv/bin/python -m pytest -q -p no:cacheprovider $T \
+    -k "not gemma and not every_output and not speculative_decoding_keeps and not forced_runs_give and not cli_run" \
+    || { banner "the sampler on the scalar table FAILED; stage 2 (the sanitizers) was NOT run"; exit 1; }
+  banner "the sampler on the avx2 and scalar tables passed"
+fi
 
 # ---- the ARM64 kernel tables under qemu-aarch64 (scripts/test-arm64.sh; about 1 min) ----
 arm=0
@@ -79,7 +97,7 @@ T=$REPO/tests
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
   "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
   "$T/test_lifetimes.py" "$T/test_speculative.py::test_draft_model_drafts_for_every_sequence_of_a_batch" \
-  "$T/test_kv_cache.py" "$T/test_kvstate.py::test_truncated_or_flipped_anywhere_never_loads" \
+  "$T/test_kv_cache.py" "$T/test_iq_formats.py" "$T/test_kvstate.py::test_truncated_or_flipped_anywhere_never_loads" \
   "$T/test_kvstate.py::test_refused_files_change_nothing" "$T/test_kvstate.py::test_engine_saves_a_finished_handles_slot_in_memory" \
   "$T/test_speculative.py::test_cache_after_rejections_equals_recompute" \
   "$T/test_structured.py::test_masked_argmax_and_apply_match_numpy" \

@@ -1,4 +1,5 @@
-"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3, qwen3, qwen3moe): the test oracle.
+"""Plain numpy (float64) forward pass over a GGUF file (llama, qwen2, gemma3, qwen3, qwen3moe, phi3): the
+test oracle.
 
 Written for readability, not speed. Follows the llama architecture as in
 Hugging Face ``modeling_llama`` and llama.cpp's llama graph:
@@ -16,6 +17,17 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
 * A 2-D GGUF tensor with ggml shape [ne0=in, ne1=out] dequantizes to a numpy (out, in) array,
   so y = W @ x, i.e. ``h @ W.T`` for row-major activations h of shape (tokens, in).
 * GQA: query head h uses kv head h // (n_head / n_head_kv). Scores are scaled by 1/sqrt(head_dim).
+* Phi-3 (HF ``modeling_phi3``): ``qkv_proj`` holds Q, K, V rows in that order and ``gate_up_proj``
+  gate then up (``chunk(2)``); NeoX RoPE on the first rope.dimension_count dims of each head
+  (partial_rotary_factor), the rest passed through; LongRoPE divides each frequency by the short
+  or the long factor and multiplies cos and sin by the attention factor. HF picks the long
+  factors when the sequence is longer than the original context; llama.cpp (and so pydecode)
+  when the context is: ``long_factors`` says which, as the test's n_ctx would.
+* gpt-oss's attention pieces (HF ``modeling_gpt_oss``), wherever a file has them: a learned sink
+  logit per head (``attn_sinks``) joins each softmax and is dropped after it; an output-projection
+  bias; YaRN RoPE (HF ``_compute_yarn_parameters``: frequencies mixed between 1/(factor base^(2i/d))
+  and 1/base^(2i/d) by a ramp over the correction range from beta_fast / beta_slow, floored and
+  ceiled as llama.cpp does; cos and sin times 0.1 ln(factor) + 1).
 * Qwen3 (HF modeling_qwen3): q_norm / k_norm, an RMSNorm over each head's head_dim values, before
   RoPE; head_dim from the config (key_length), so n_head * head_dim may differ from n_embd.
 * Qwen3-MoE (HF modeling_qwen3_moe, Qwen3MoeSparseMoeBlock): router_logits = gate(x);
@@ -51,8 +63,8 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe; got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe, phi3; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -69,7 +81,19 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3")
+        self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
+        self.long_factors = False   # phi3: the LongRoPE factors of a context past the original one
+        self.yarn = m("rope.scaling.type") == "yarn" and float(m("rope.scaling.factor", 1.0)) > 1.0
+        if self.yarn:
+            self.yarn_factor = float(m("rope.scaling.factor"))
+            orig = int(m("rope.scaling.original_context_length", m("context_length", 2048)))
+            d = self.rope_dim
+
+            def corr(rotations):
+                return d * np.log(orig / (rotations * 2 * np.pi)) / (2 * np.log(self.rope_base))
+            self.yarn_low = max(0.0, np.floor(corr(float(m("rope.scaling.yarn_beta_fast", 32.0)))))
+            self.yarn_high = min(d - 1.0, np.ceil(corr(float(m("rope.scaling.yarn_beta_slow", 1.0)))))
         # Mixture of experts (GGUF keys as llama.cpp names them; gating 1 softmax, 2 sigmoid,
         # 3 softmax over the chosen logits only).
         self.n_expert = int(m("expert_count", 0))
@@ -133,10 +157,20 @@ class ReferenceModel:
         d = self.rope_dim
         base = self.rope_base if base is None else base
         inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
-        if self.has("rope_freqs.weight"):  # llama3-style per-frequency factors
+        local = base != self.rope_base
+        factors = "rope_factors_long.weight" if self.long_factors else "rope_factors_short.weight"
+        if self.has("rope_freqs.weight") and not local:  # llama3-style per-frequency factors
             inv_freq = inv_freq / self.w("rope_freqs.weight")
+        elif self.has(factors):                          # LongRoPE
+            inv_freq = inv_freq / self.w(factors)
+        mscale = 1.0 if local else self.rope_attn_factor
+        if self.yarn:   # every layer's RoPE (gpt-oss's local layers share it)
+            span = max(self.yarn_high - self.yarn_low, 0.001)
+            extrap = 1.0 - np.clip((np.arange(d // 2) - self.yarn_low) / span, 0.0, 1.0)
+            inv_freq = inv_freq / self.yarn_factor * (1 - extrap) + inv_freq * extrap
+            mscale *= 0.1 * np.log(self.yarn_factor) + 1.0
         ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # (T, d/2)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        cos, sin = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
         x = x.copy()
         a, b = (slice(0, d // 2), slice(d // 2, d)) if self.neox else (slice(0, d, 2), slice(1, d, 2))
         x0, x1 = x[..., a].copy(), x[..., b].copy()
@@ -146,9 +180,13 @@ class ReferenceModel:
 
     def attention(self, h, i, pos):
         T, hd = h.shape[0], self.head_dim
-        q = self.linear(h, f"blk.{i}.attn_q").reshape(T, self.n_head, hd)
-        k = self.linear(h, f"blk.{i}.attn_k").reshape(T, self.n_head_kv, hd)
-        v = self.linear(h, f"blk.{i}.attn_v").reshape(T, self.n_head_kv, hd)
+        if self.has(f"blk.{i}.attn_qkv.weight"):  # phi3: one projection, split Q | K | V
+            qkv = self.linear(h, f"blk.{i}.attn_qkv")
+            qd, kvd = self.n_head * hd, self.n_head_kv * hd
+            q, k, v = qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
+        else:
+            q, k, v = (self.linear(h, f"blk.{i}.attn_{n}") for n in "qkv")
+        q, k, v = q.reshape(T, self.n_head, hd), k.reshape(T, self.n_head_kv, hd), v.reshape(T, self.n_head_kv, hd)
         if self.has(f"blk.{i}.attn_q_norm.weight"):  # per-head RMSNorm of Q and K before RoPE (gemma3, qwen3)
             q = self.rmsnorm(q, f"blk.{i}.attn_q_norm.weight")
             k = self.rmsnorm(k, f"blk.{i}.attn_k_norm.weight")
@@ -161,8 +199,12 @@ class ReferenceModel:
         if self.is_local(i):  # query t sees keys s with t - s < window
             causal |= np.tril(np.ones((T, T), dtype=bool), k=-self.window)
         scores = np.where(causal[None], -np.inf, scores)
+        if self.has(f"blk.{i}.attn_sinks.weight"):   # one more logit per head, weighing no value
+            sink = np.broadcast_to(self.w(f"blk.{i}.attn_sinks.weight")[:, None, None], (self.n_head, T, 1))
+            scores = np.concatenate([scores, sink], axis=-1)
         p = np.exp(scores - scores.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
+        p = p[..., :T]
         o = np.einsum("hts,shd->thd", p, v).reshape(T, self.n_head * hd)
         return self.linear(o, f"blk.{i}.attn_output")
 
@@ -210,8 +252,10 @@ class ReferenceModel:
     def ffn(self, h, i):
         if self.n_expert:
             return self.moe(h, i)
-        g = self.linear(h, f"blk.{i}.ffn_gate")
-        u = self.linear(h, f"blk.{i}.ffn_up")
+        if self.has(f"blk.{i}.ffn_gate.weight"):
+            g, u = self.linear(h, f"blk.{i}.ffn_gate"), self.linear(h, f"blk.{i}.ffn_up")
+        else:  # phi3: gate_up_proj, gate rows first
+            g, u = np.split(self.linear(h, f"blk.{i}.ffn_up"), 2, axis=-1)
         if self.gemma:  # GELU, tanh approximation
             act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
         else:

@@ -16,7 +16,7 @@ from tiny_models import N_VOCAB, write_tiny_model
 
 REL_RMS_TOL = 0.04  # measured 0.6-1.7%; a missing window or the wrong RoPE layout gives 12-16%
 CACHE_ATOL = 2e-3
-ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -37,7 +37,9 @@ def test_tiny_logits_match_reference(tiny, isa):
     if not lib.pd_isa_supported(isa.encode()):
         pytest.skip(f"{isa} not supported")
     toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
-    ref = ReferenceModel(tiny).logits(toks)
+    r = ReferenceModel(tiny)
+    r.long_factors = True    # phi3: n_ctx 64 is past the tiny model's original context of 32
+    ref = r.logits(toks)
     m = pydecode.Model(tiny, n_ctx=64, n_threads=2, isa=isa)
     ours = m.prefill(toks, all_logits=True)
     assert _rel(ours, ref) <= REL_RMS_TOL
@@ -75,7 +77,10 @@ def test_arch_config_from_metadata(tiny):
     if c.arch == "gemma3":
         assert c.sliding_window == 4 and c.swa_period == 6 and c.act_gelu and c.rope_neox
         assert c.embd_scale == pytest.approx(8.0) and c.rope_base_local == 10000.0
-    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe"))
+    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"))
+    if c.arch == "phi3":   # its sliding_window key is ignored (as llama.cpp does); LongRoPE's data read
+        assert c.sliding_window == 0 and c.rope_dim == 24 and c.n_ctx_orig == 32
+        assert c.rope_attn_factor == pytest.approx(1.19)
     assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "qwen2moe"))
     if c.arch == "qwen3moe":
         assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm) == (8, 2, 32, "softmax", True)
@@ -84,9 +89,9 @@ def test_arch_config_from_metadata(tiny):
 def test_iq_tensor_fails_at_load_naming_tensor_and_type(tmp_path):
     from gguf import GGMLQuantizationType as QT
 
-    path = tmp_path / "iq.gguf"
-    write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ4_NL))
-    with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ4_NL"):
+    path = tmp_path / "iq.gguf"   # (IQ4_NL, IQ4_XS, MXFP4 load: tests/test_iq_formats.py; IQ2_XXS does not)
+    write_tiny_model(path, "llama", weight_types=(QT.Q8_0, QT.IQ2_XXS), n_embd=256, n_head=8, n_ff=256)
+    with pytest.raises(pydecode.ModelError, match=r"blk\.0\.attn_k\.weight has unsupported type IQ2_XXS"):
         pydecode.Model(path, n_ctx=32, n_threads=1)
 
 
@@ -101,3 +106,106 @@ def test_llama3_rope_freqs(tmp_path):
     plain = ReferenceModel(path)
     plain.tensors.pop("rope_freqs.weight")
     assert _rel(plain.logits(toks), ref) > 3 * REL_RMS_TOL   # the factors matter at this size
+
+
+def test_phi3_fused_tensors_and_longrope_follow_the_reference(tmp_path):
+    """phi3: attn_qkv and the fused gate/up are zero-copy views of their rows; the LongRoPE factors
+    are the short ones within the original context and the long ones past it (llama.cpp's choice,
+    by the context size), with the attention factor on the rotated dims. Each choice matches the
+    reference, and each matters (the other factors give other logits)."""
+    path = tmp_path / "phi3.gguf"
+    write_tiny_model(path, "phi3")
+    toks = np.random.default_rng(5).integers(0, N_VOCAB, 12).tolist()
+    refs = {}
+    for long in (False, True):
+        r = ReferenceModel(path)
+        r.long_factors = long
+        refs[long] = r.logits(toks)
+    for n_ctx, long in ((32, False), (64, True)):
+        m = pydecode.Model(path, n_ctx=n_ctx, n_threads=2)
+        ours = m.prefill(toks, all_logits=True)
+        assert _rel(ours, refs[long]) <= REL_RMS_TOL, (n_ctx, long)
+        assert _rel(ours, refs[not long]) > 3 * REL_RMS_TOL, (n_ctx, long)
+        assert m.repacked_bytes >= 0   # (the views repack like whole tensors where the table does)
+        m.close()
+
+
+def test_phi3_state_file_records_its_rope_factors(tmp_path):
+    """A state saved with the long factors (n_ctx past the original context) is refused by a model
+    that runs the short ones: its K rows were rotated otherwise."""
+    from pydecode.kvstate import StateFileError
+
+    path = tmp_path / "phi3.gguf"
+    write_tiny_model(path, "phi3")
+    llm = pydecode.load(path, n_ctx=64, n_threads=1)
+    llm.generate([1, 2, 3, 4], 4)
+    llm.save_state(tmp_path / "s.state")
+    llm.close()
+    short = pydecode.load(path, n_ctx=32, n_threads=1)
+    with pytest.raises(StateFileError, match="rope_factors"):
+        short.load_state(tmp_path / "s.state")
+    short.close()
+
+
+def test_longrope_and_llama3_scaling_types_need_their_tensors(tmp_path):
+    """rope.scaling.type 'llama3' / 'longrope' live in tensors: a file that names one without them
+    is refused by name, not run with the wrong frequencies."""
+    import gguf
+
+    from pydecode.gguf_file import GGUFFile
+    from pydecode.config import arch_config
+
+    path = tmp_path / "l.gguf"
+    write_tiny_model(path, "llama")
+    r = gguf.GGUFReader(path)
+    out = tmp_path / "typed.gguf"
+    w = gguf.GGUFWriter(str(out), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+    w.add_key_value("llama.rope.scaling.type", "llama3", gguf.GGUFValueType.STRING)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(pydecode.ModelError, match="llama3.*rope_freqs.weight"):
+        arch_config(GGUFFile(out))
+
+
+def test_sinks_output_bias_and_yarn_follow_the_reference(tmp_path):
+    """gpt-oss's attention pieces, as data on any architecture: attention sinks (a logit per head in
+    every softmax: csrc/core/attention.c combine), an attn_output bias and YaRN RoPE. Each matches
+    the reference and each matters (the reference without it differs); cached decode equals
+    recompute with them; every x86 table agrees."""
+    from pydecode._core import lib
+
+    path = tmp_path / "oss-attn.gguf"
+    write_tiny_model(path, "llama", n_layer=3, sinks=True, out_bias=True, yarn=4.0)
+    toks = np.random.default_rng(6).integers(0, N_VOCAB, 20).tolist()
+    ref = ReferenceModel(path).logits(toks)
+    for isa in ("scalar", "avx2", "avx512"):
+        if not lib.pd_isa_supported(isa.encode()):
+            continue
+        ours = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa).prefill(toks, all_logits=True)
+        assert _rel(ours, ref) <= REL_RMS_TOL, isa
+    for drop in ("sinks", "bias", "yarn"):
+        r = ReferenceModel(path)
+        if drop == "yarn":
+            r.yarn = False
+        else:
+            for l in range(3):
+                r.tensors.pop(f"blk.{l}." + ("attn_sinks.weight" if drop == "sinks" else "attn_output.bias"))
+        assert _rel(r.logits(toks), ref) > 2 * REL_RMS_TOL, drop
+    m = pydecode.Model(path, n_ctx=64, n_threads=2, n_batch=4)
+    logits = m.prefill(toks[:6]).copy()
+    seq = list(toks[:6])
+    for _ in range(6):
+        t = int(np.argmax(logits))
+        logits = m.decode_step(t, len(seq)).copy()
+        seq.append(t)
+        fresh = pydecode.Model(path, n_ctx=64, n_threads=1, n_batch=4).prefill(seq).copy()
+        assert np.abs(fresh - logits).max() <= CACHE_ATOL, len(seq)

@@ -244,3 +244,131 @@ def test_chat_session_drops_oldest_turns_to_fit(smollm_path):
         assert c.stats.cached_tokens > 0
     finally:
         llm.close()
+
+
+# ------------------------------------------------------------------ the new families, exactly
+
+def _reference_render(source, messages, **kw):
+    """What transformers' apply_chat_template renders: its environment (_compile_jinja_template)
+    and its render call (messages, tools, documents, add_generation_prompt, special tokens),
+    written here apart from pydecode's, as the reference to compare with."""
+    import json
+
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    kw.setdefault("add_generation_prompt", True)
+    return env.from_string(source).render(messages=messages, tools=None, documents=None, **kw)
+
+
+TURNS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4.", "reasoning_content": "A sum."},
+    {"role": "user", "content": "And 3+3?"},
+]
+
+
+def _today(fmt):
+    return {datetime.now().strftime(fmt)}
+
+
+def _expected(name, now):
+    """The text each template must render for TURNS (read off the template by hand)."""
+    llama_system = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                    "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\nBe brief.<|eot_id|>")
+    llama_turns = ("<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n4.<|eot_id|>"
+                   "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    qwen3 = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+             "<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")
+    return {
+        # Qwen3: the earlier turn's reasoning is dropped (it precedes the last user message).
+        "Qwen-Qwen3-0.6B": qwen3,
+        "Qwen3.5-4B": qwen3 + "<think>\n",
+        "openai-gpt-oss-120b": (
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+            f"Knowledge cutoff: 2024-06\nCurrent date: {now['%Y-%m-%d']}\n\nReasoning: medium\n\n"
+            "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+            "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+            "<|start|>user<|message|>What is 2+2?<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>4.<|end|>"
+            "<|start|>user<|message|>And 3+3?<|end|><|start|>assistant"),
+        "meta-llama-Llama-3.1-8B-Instruct": llama_system.format(date="26 Jul 2024") + llama_turns,
+        "meta-llama-Llama-3.3-70B-Instruct": llama_system.format(date="26 Jul 2024") + llama_turns,
+        "meta-llama-Llama-3.2-3B-Instruct": llama_system.format(date=now["%d %b %Y"]) + llama_turns,
+        "microsoft-Phi-3.5-mini-instruct": ("<|system|>\nBe brief.<|end|>\n<|user|>\nWhat is 2+2?<|end|>\n"
+                                            "<|assistant|>\n4.<|end|>\n<|user|>\nAnd 3+3?<|end|>\n<|assistant|>\n"),
+    }[name]
+
+
+SPECIALS = {"openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>"), "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>"),
+            "Qwen-Qwen3-0.6B": ("", "<|im_end|>"), "Qwen3.5-4B": ("", "<|im_end|>")}
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "Qwen3.5-4B", "openai-gpt-oss-120b",
+                                  "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+                                  "meta-llama-Llama-3.3-70B-Instruct", "microsoft-Phi-3.5-mini-instruct"])
+def test_new_family_templates_render_exactly(name):
+    from pydecode.chat.reasoning import for_template, reasoning_format
+
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    bos, eos = SPECIALS.get(name, ("<|begin_of_text|>", "<|eot_id|>"))
+    msgs = for_template(TURNS, reasoning_format(source))   # what LLM.chat_prompt hands the template
+    before = {f: datetime.now().strftime(f) for f in ("%Y-%m-%d", "%d %b %Y")}
+    ours = render(msgs, source, bos_token=bos, eos_token=eos)
+    reference = _reference_render(source, msgs, bos_token=bos, eos_token=eos)
+    after = {f: datetime.now().strftime(f) for f in ("%Y-%m-%d", "%d %b %Y")}
+    assert ours == reference
+    assert ours in (_expected(name, before), _expected(name, after))
+    closed = render(msgs, source, bos_token=bos, eos_token=eos, add_generation_prompt=False)
+    assert closed == _reference_render(source, msgs, bos_token=bos, eos_token=eos, add_generation_prompt=False)
+
+
+def test_qwen3_enable_thinking_false_closes_an_empty_reasoning():
+    source = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    text = render(TURNS, source, enable_thinking=False)
+    assert text == _reference_render(source, TURNS, enable_thinking=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_gpt_oss_reasoning_effort_and_phi35_closing_eos():
+    gpt = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    assert "Reasoning: high\n" in render(TURNS, gpt, reasoning_effort="high")
+    phi = (TEMPLATES / "microsoft-Phi-3.5-mini-instruct.jinja").read_text()
+    assert render(TURNS[:2], phi, eos_token="<|endoftext|>", add_generation_prompt=False).endswith(
+        "What is 2+2?<|end|>\n<|endoftext|>")
+
+
+@pytest.mark.parametrize("name, vocab", [("meta-llama-Llama-3.1-8B-Instruct", "llama-bpe"),
+                                         ("microsoft-Phi-3.5-mini-instruct", "phi-3"),
+                                         ("Qwen-Qwen3-0.6B", "qwen2")])
+def test_new_family_prompts_tokenize_to_their_markers(name, vocab):
+    # The rendered prompt's markers are single special tokens of the family's vocabulary.
+    from test_tokenizer import vocab_tokenizer
+
+    tok = vocab_tokenizer(vocab)
+    bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
+    text = render(TURNS, (TEMPLATES / f"{name}.jinja").read_text(), bos_token=bos)
+    ids = tok.encode(text, add_special=False)
+    markers = {"llama-bpe": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               "phi-3": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+               "qwen2": ["<|im_start|>", "<|im_end|>"]}[vocab]
+    for m in markers:
+        [tid] = tok.encode(m, add_special=False)
+        assert tid in ids and tok.is_special(tid)
+    assert tok.decode(ids) == (text if vocab != "phi-3" else text.replace("|>\n", "|>"))  # Phi-3's rstrip
+    if vocab == "llama-bpe":
+        assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
+    # The marker that closes the assistant's turn ends a generation.
+    end = {"llama-bpe": "<|eot_id|>", "phi-3": "<|end|>", "qwen2": "<|im_end|>"}[vocab]
+    assert tok.encode(end, add_special=False)[0] in tok.eog_ids

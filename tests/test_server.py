@@ -154,6 +154,20 @@ def test_chat_content_parts_and_developer_role(client, llm):
     assert r.choices[0].message.content == want.text
 
 
+def test_chat_reasoning_fields_pass_through(server, llm):
+    # SmolLM2 is no reasoning model: its answer has no reasoning_content, and the history's
+    # reasoning_content and chat_template_kwargs reach a template that ignores them.
+    msgs = [{"role": "user", "content": "Name a fruit."},
+            {"role": "assistant", "content": "Apple.", "reasoning_content": "Any fruit."},
+            {"role": "user", "content": "Another?"}]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT, json={
+        "messages": msgs, "max_tokens": 8, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert "reasoning_content" not in message
+    assert message["content"] == llm.chat(msgs, 8).text
+
+
 def test_streaming_completion(client, llm):
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=16, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
@@ -324,6 +338,11 @@ def test_bad_completion_parameter_names_it(server, field, value):
      "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "grammar": "start: undefined_rule"}, "grammar"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"}, "chat_template_kwargs"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"bos_token": "x"}},
+     "chat_template_kwargs"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "reasoning_content": 5}]},
+     "messages[1].reasoning_content"),
 ])
 def test_bad_chat_request_names_the_field(server, body, param):
     _error(httpx.post(server.url + "/v1/chat/completions", json=body, timeout=10), 400, param)

@@ -15,10 +15,13 @@ from conformance import tokenizer_dir
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # Every byte-level BPE (tokenizer.ggml.model = gpt2) vocabulary of the suite.
-BPE_VOCABS = ["gpt-2", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", "starcoder",
-              "falcon", "refact", "mpt"]
+BPE_VOCABS = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-coder", "deepseek-llm",
+              "starcoder", "falcon", "refact", "mpt"]
 # Every SentencePiece (tokenizer.ggml.model = llama) vocabulary of the suite.
 SPM_VOCABS = ["llama-spm", "phi-3"]
+# BPE merges over SentencePiece-spelt text (tokenizer.ggml.model = gemma4).
+SPACE_ESCAPED_BPE_VOCABS = ["gemma-4"]
+ALL_VOCABS = BPE_VOCABS + SPM_VOCABS + SPACE_ESCAPED_BPE_VOCABS
 
 ROUND_TRIP_TEXTS = [
     "Hello, world! It's 2024; isn't it?",
@@ -47,11 +50,13 @@ def vocab_tokenizer(name: str) -> Tokenizer:
 
 
 def conformance_cases(name: str) -> list[tuple[str, list[int]]]:
-    """(text, expected ids) pairs: the .inp file holds the strings, each followed by the line
-    __ggml_vocab_test__; the .out file one line of space-separated ids per string."""
-    texts = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
-    assert texts[-1] == "", "the .inp file must end with a separator"
-    texts = texts[:-1]
+    """(text, expected ids) pairs: the .inp file holds the strings, separated by the line
+    __ggml_vocab_test__ (after the last one too, except in gemma-4's file: llama.cpp's reader,
+    test-tokenizer-0.cpp, takes both); the .out file one line of space-separated ids per string."""
+    with open(tokenizer_dir() / f"ggml-vocab-{name}.gguf.inp", encoding="utf-8", newline="") as f:
+        texts = f.read().split(SEPARATOR)
+    if texts[-1] == "":
+        texts = texts[:-1]
     lines = (tokenizer_dir() / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == len(texts), f"{name}: .inp/.out counts differ"
     return [(text, [int(x) for x in line.split()]) for text, line in zip(texts, lines)]
@@ -59,7 +64,7 @@ def conformance_cases(name: str) -> list[tuple[str, list[int]]]:
 
 # ------------------------------------------------------------------ llama.cpp conformance
 
-@pytest.mark.parametrize("name", BPE_VOCABS + SPM_VOCABS)
+@pytest.mark.parametrize("name", ALL_VOCABS)
 def test_llama_cpp_conformance(name):
     """Every string of llama.cpp's test-tokenizer-0 gives exactly llama.cpp's ids."""
     tok = vocab_tokenizer(name)
@@ -72,7 +77,7 @@ def test_llama_cpp_conformance(name):
     assert not failures, f"{name}: {len(failures)}/{len(cases)} strings differ:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("name", BPE_VOCABS + SPM_VOCABS)
+@pytest.mark.parametrize("name", ALL_VOCABS)
 def test_conformance_strings_round_trip(name):
     tok = vocab_tokenizer(name)
     for text, expected in conformance_cases(name):
@@ -84,12 +89,14 @@ def test_every_vocab_of_the_suite_is_tested():
               for p in tokenizer_dir().glob("ggml-vocab-*.gguf")}
     assert {name for name, model in models.items() if model == "gpt2"} == set(BPE_VOCABS)
     assert {name for name, model in models.items() if model == "llama"} == set(SPM_VOCABS)
-    assert set(models.values()) == {"gpt2", "llama"}
+    assert {name for name, model in models.items() if model == "gemma4"} == set(SPACE_ESCAPED_BPE_VOCABS)
+    assert set(models.values()) == {"gpt2", "llama", "gemma4"}
 
 
 # ------------------------------------------------------------------ round trips, specials
 
-@pytest.mark.parametrize("name", ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"])
+@pytest.mark.parametrize("name", ["gpt-2", "llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3",
+                                  "gemma-4"])
 @pytest.mark.parametrize("text", ROUND_TRIP_TEXTS)
 def test_round_trip(name, text):
     tok = vocab_tokenizer(name)

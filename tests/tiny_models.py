@@ -6,10 +6,13 @@ that is not a multiple of the kernels' rows per pass, and several weight formats
 """
 from __future__ import annotations
 
+import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
+
+from iq_blocks import random_iq_blocks
 
 N_VOCAB = 263
 
@@ -26,16 +29,37 @@ def _byte_tokens() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
+def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: float = 1.0, high: float = 4.0,
+                     orig_ctx: int = 8192) -> np.ndarray:
+    """Llama 3.1/3.2's per-frequency divisors, as llama.cpp's converter writes rope_freqs.weight
+    (Llama-3.2-1B: factor 32, low/high frequency factors 1 and 4, original context 8192): 1 for
+    short wavelengths, the factor for long ones, a smooth blend between."""
+    out = []
+    for freq in base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
                      rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
-                     moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0) -> None:
+                     moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0,
+                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0) -> None:
     """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
     token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
     moe=True with a dense arch: the experts beside the dense FFN (a hostile file). router_scale 1:
     decisive routes (8-bit activation noise never flips one); 0.25: the weights of the k chosen
-    differ enough for their gating and renormalization to matter."""
+    differ enough for their gating and renormalization to matter.
+    sinks, out_bias, yarn: gpt-oss's attention pieces on any architecture (attention sinks, an
+    attn_output bias, YaRN RoPE of that factor over an original context of 8)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -58,6 +82,15 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 1e4)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn)
+        w.add_rope_scaling_orig_ctx_len(8)
+    if arch == "phi3":   # partial rotary (3/4 of the head), LongRoPE past an original context of 32
+        w.add_rope_dimension_count(head_dim * 3 // 4)
+        w.add_rope_scaling_orig_ctx_len(32)
+        w.add_rope_scaling_attn_factors(1.19)
+        w.add_sliding_window(window)   # Phi-3's key, which llama.cpp (and pydecode) ignore
     tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -78,6 +111,9 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             w.add_tensor(name, a)
         elif t == QT.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif t in (QT.IQ4_NL, QT.IQ4_XS):  # no numpy quantizer: random blocks with sane scales
+            b = random_iq_blocks(t, (experts or 1) * rows, cols, rng, scale or 1.0 / np.sqrt(cols), model_like=True)
+            w.add_tensor(name, b.reshape(shape[:-1] + (b.shape[-1],)), raw_dtype=t)
         elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
             block, size = GGML_QUANT_SIZES[t]
             w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
@@ -91,17 +127,29 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
                  raw_dtype=QT.Q8_0)
     vector("output_norm.weight", n_embd)
-    if rope_freqs:  # Llama 3.1-style per-frequency divisors
-        w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
+    if rope_freqs:  # Llama 3.1-style per-frequency divisors, as llama.cpp's converter computes them
+        # (for an original context of 16, not 8192, so that they matter within a short prompt)
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(head_dim, 1e4, orig_ctx=16))
+    if arch == "phi3":
+        rd = head_dim * 3 // 4
+        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, rd // 2).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 24.0, rd // 2).astype(np.float32))
     if arch in ("qwen2", "qwen3moe", "qwen2moe"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", n_embd)
-        matrix(p + "attn_q.weight", qd, n_embd)
-        matrix(p + "attn_k.weight", kvd, n_embd)
-        matrix(p + "attn_v.weight", kvd, n_embd)
+        if arch == "phi3":   # Q, K, V in one tensor
+            matrix(p + "attn_qkv.weight", qd + 2 * kvd, n_embd)
+        else:
+            matrix(p + "attn_q.weight", qd, n_embd)
+            matrix(p + "attn_k.weight", kvd, n_embd)
+            matrix(p + "attn_v.weight", kvd, n_embd)
         matrix(p + "attn_output.weight", n_embd, qd)
+        if out_bias:
+            vector(p + "attn_output.bias", n_embd, 0.0, 0.5)
+        if sinks:   # around the scores' scale, so that they take a real share of the softmax
+            vector(p + "attn_sinks.weight", n_head, 0.5, 1.0)
         if arch in ("qwen2", "qwen2moe"):
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
@@ -123,7 +171,10 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate_shexp.weight", n_ff, n_embd)
             matrix(p + "ffn_up_shexp.weight", n_ff, n_embd)
             matrix(p + "ffn_down_shexp.weight", n_embd, n_ff)
-        if dense:
+        if dense and arch == "phi3":   # gate then up, in one tensor
+            matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
+        elif dense:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)

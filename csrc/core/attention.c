@@ -147,10 +147,14 @@ static void chunk_partial(const pd_kernels *K, int kv_type, int nh, int hd, cons
 
 /* One head's output from its chunks' partial results (stride floats apart): rescaled to the
  * largest max. One chunk gives o / sum exactly (its weight is exp(0) = 1), so a query of one
- * chunk has the same bits whether it is combined here or at once. */
-static void combine(int nch, int hd, const float *res, size_t stride, float *out) {
-    float mx = -INFINITY, den = 0.0f;
+ * chunk has the same bits whether it is combined here or at once. sink: the head's attention
+ * sink logit (-INFINITY: none), one more term of the denominator with no value, so the
+ * weights may sum to less than 1 (gpt-oss); every step combines through here, so a decode, a
+ * batch and a prefill give the same bits with it too. */
+static void combine(int nch, int hd, const float *res, size_t stride, float *out, float sink) {
+    float mx = sink, den = 0.0f;
     for (int c = 0; c < nch; c++) mx = res[c * stride] > mx ? res[c * stride] : mx;
+    if (sink > -INFINITY) den = expf(sink - mx);
     for (int j = 0; j < hd; j++) out[j] = 0.0f;
     for (int c = 0; c < nch; c++) {
         const float *r = res + c * stride, wc = expf(r[0] - mx);
@@ -195,6 +199,8 @@ int pd_attention(pd_worker *w, step_ctx *s, int l) {
     const size_t pf = (size_t)hd + 2;
     float *scores = m->scores + (size_t)w->ith * pd_attn_scratch_floats(c);
     float *res = scores + (size_t)group * PD_ATTN_CHUNK;
+    const float *sinks = (const float *)pd_layer_tensor(m, l, PD_ATTN_SINKS)->data;
+#define SINK(head) (sinks ? sinks[head] : -INFINITY)
     for (int t0 = 0; t0 < s->n; t0 += m->attn_wave) {
         const int nt = s->n - t0 < m->attn_wave ? s->n - t0 : m->attn_wave;
         /* items of token t0 + i: [base[i], base[i + 1]), chunk-major then KV head */
@@ -223,7 +229,7 @@ int pd_attention(pd_worker *w, step_ctx *s, int l) {
             const int nc = (base[i + 1] - base[i]) / c->n_head_kv;
             for (int h = 0; h < group; h++) {
                 const int head = g * group + h;
-                if (nc == 1) combine(1, hd, res + h * pf, pf, m->att + (size_t)t * qd + (size_t)head * hd);
+                if (nc == 1) combine(1, hd, res + h * pf, pf, m->att + (size_t)t * qd + (size_t)head * hd, SINK(head));
                 else memcpy(m->attn_part + (((size_t)i * c->n_head + head) * mc + ci) * pf, res + h * pf, pf * sizeof(float));
             }
         }
@@ -233,10 +239,11 @@ int pd_attention(pd_worker *w, step_ctx *s, int l) {
             const int i = j / c->n_head, head = j % c->n_head, nc = (base[i + 1] - base[i]) / c->n_head_kv;
             if (nc > 1)
                 combine(nc, hd, m->attn_part + ((size_t)i * c->n_head + head) * mc * pf, pf,
-                        m->att + (size_t)(t0 + i) * qd + (size_t)head * hd);
+                        m->att + (size_t)(t0 + i) * qd + (size_t)head * hd, SINK(head));
         }
         END_PHASE(w, nt * c->n_head);
     }
+#undef SINK
     return 0;
 }
 
@@ -264,7 +271,7 @@ int pd_kernel_attn(const char *isa, int kv_type, int n_q, const float *q, const 
         for (int h = 0; h < n_q; h++) memcpy(part + ((size_t)h * nch + ci) * pf, res + h * pf, pf * sizeof(float));
     }
     for (int h = 0; rc == PD_OK && h < n_q; h++)
-        combine((int)nch, head_dim, part + (size_t)h * nch * pf, pf, out + (size_t)h * head_dim);
+        combine((int)nch, head_dim, part + (size_t)h * nch * pf, pf, out + (size_t)h * head_dim, -INFINITY);
     free(scores); free(part); free(res); free(qq);
     return rc;
 }

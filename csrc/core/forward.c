@@ -20,13 +20,27 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
-/* cos/sin of pos * base^(-2i/rope_dim) for the rope_dim/2 pairs, computed once per token and
- * base per step and shared by every head of every layer. */
-static void rope_table(float *cs, int rope_dim, double pos, float base, const float *freq_div) {
+/* How a RoPE table scales: pos * freq_scale (linear), YaRN's per-pair mix of that and the
+ * unscaled angle (ext > 0, pairs [low, high] ramped), and mscale on cos and sin (LongRoPE's /
+ * YaRN's attention factor). */
+typedef struct { double freq_scale, ext, low, high, mscale; } rope_scaling;
+
+/* cos/sin of pos * base^(-2i/rope_dim) (divided by the pair's factor: Llama 3's rope_freqs,
+ * LongRoPE's short or long factors), scaled as sc says, for the rope_dim/2 pairs: computed once
+ * per token and base per step and shared by every head of every layer. YaRN as ggml's
+ * rope_yarn: ramp(i) = 1 - clamp((i - low) / max(0.001, high - low), 0, 1), and the angle
+ * interp * (1 - ramp * ext) + extrap * ramp * ext. */
+static void rope_table(float *cs, int rope_dim, double pos, float base, const float *freq_div, const rope_scaling *sc) {
     for (int i = 0; i < rope_dim / 2; i++) {
-        double theta = pos * pow(base, -2.0 * i / rope_dim) / (freq_div ? freq_div[i] : 1.0f);
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        const double extrap = pos * pow(base, -2.0 * i / rope_dim) / (freq_div ? freq_div[i] : 1.0f);
+        double theta = extrap * sc->freq_scale;
+        if (sc->ext > 0) {
+            double y = (i - sc->low) / (sc->high - sc->low > 0.001 ? sc->high - sc->low : 0.001);
+            const double mix = (1.0 - (y < 0 ? 0 : y > 1 ? 1 : y)) * sc->ext;
+            theta = theta * (1.0 - mix) + extrap * mix;
+        }
+        cs[2 * i] = (float)(cos(theta) * sc->mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * sc->mscale);
     }
 }
 
@@ -88,26 +102,30 @@ static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride
     return 0;
 }
 
-/* Rows [r0, r1) of a block's output (tmp) into the residual stream, for every token. */
-static void residual_rows(pd_model *m, int n, int r0, int r1) {
+/* Rows [r0, r1) of a block's output (tmp, plus its bias if any) into the residual stream, for
+ * every token. */
+static void residual_rows(pd_model *m, int n, int r0, int r1, const float *bias) {
     int d = m->c.n_embd;
     for (int t = 0; t < n; t++)
-        for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i];
+        for (int i = r0; i < r1; i++) m->x[(size_t)t * d + i] += m->tmp[(size_t)t * d + i] + (bias ? bias[i] : 0.0f);
 }
 
-/* A matmul whose output goes into the residual stream: x += W @ xn, or, with a post-norm (gemma),
- * x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
-static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *post_norm, int n) {
+/* A matmul whose output goes into the residual stream: x += W @ xn (+ bias), or, with a post-norm
+ * (gemma), x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
+static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *bias,
+                                 const pd_tensor *post_norm, int n) {
     int d = m->c.n_embd, ch = pd_matmul_chunk_rows(d, wt->row_bytes, w->nth), nc = N_CHUNKS(d, ch);
+    const float *b = bias ? (const float *)bias->data : NULL;
     FOR_CHUNKS(w, nc, c) {
         int r0 = c * ch, r1 = r0 + ch < d ? r0 + ch : d;
         matmul_rows(m, wt, r0, r1, n, m->tmp, d);
-        if (!post_norm->data) residual_rows(m, n, r0, r1);
+        if (!post_norm->data) residual_rows(m, n, r0, r1, b);
     }
     END_PHASE(w, nc);
     if (!post_norm->data) return 0;
     FOR_CHUNKS(w, n, t) {
         float *y = m->tmp + (size_t)t * d, *x = m->x + (size_t)t * d;
+        if (b) for (int i = 0; i < d; i++) y[i] += b[i];
         rmsnorm(y, y, (const float *)post_norm->data, d, m->c.norm_eps);
         for (int i = 0; i < d; i++) x[i] += y[i];
     }
@@ -170,7 +188,8 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
 
     /* 5. output projection (+ post-attention norm) into the residual stream */
     if (phase_norm(w, m, m->att, qd, NULL, qd, n)) return -1;
-    if (phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_WO), pd_layer_tensor(m, l, PD_POST_ATTN_NORM), n)) return -1;
+    if (phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_WO), pd_layer_tensor(m, l, PD_BO),
+                              pd_layer_tensor(m, l, PD_POST_ATTN_NORM), n)) return -1;
 
     /* 6. FFN: norm; a mixture of experts (core/moe.c), or gate and up in one phase (same rows ->
      *    the activation is fused), then down */
@@ -189,7 +208,7 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     }
     END_PHASE(w, nc);
     if (phase_norm(w, m, m->gate, nff, NULL, nff, n)) return -1;
-    return phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_DOWN), pd_layer_tensor(m, l, PD_POST_FFN_NORM), n);
+    return phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_DOWN), NULL, pd_layer_tensor(m, l, PD_POST_FFN_NORM), n);
 }
 
 /* Everything one thread does for a step; returns -1 if it fell behind an already finished step. */
@@ -205,10 +224,14 @@ static int forward(pd_worker *w, step_ctx *s) {
         pd_dequantize_row(e->type, (const char *)e->data + (size_t)s->tokens[t] * e->row_bytes, x, d);
         if (c->embd_scale > 0) for (int i = 0; i < d; i++) x[i] *= c->embd_scale;
         float *cs = m->rope_cs + (size_t)t * 2 * c->rope_dim;
-        rope_table(cs, c->rope_dim, (double)s->pos[t] * (c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0),
-                   c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data);
-        rope_table(cs + c->rope_dim, c->rope_dim, s->pos[t],
-                   c->rope_base_local > 0 ? c->rope_base_local : c->rope_base, NULL);
+        const rope_scaling global = { c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0, c->rope_yarn_ext,
+                                      c->rope_yarn_low, c->rope_yarn_high,
+                                      c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0 }, none = { 1, 0, 0, 0, 1 };
+        rope_table(cs, c->rope_dim, s->pos[t], c->rope_base, (const float *)m->g[PD_ROPE_FREQS].data, &global);
+        if (c->rope_base_local > 0)   /* gemma3's local layers: their own base, unscaled */
+            rope_table(cs + c->rope_dim, c->rope_dim, s->pos[t], c->rope_base_local, NULL, &none);
+        else                          /* the others' (gpt-oss): the global layers' RoPE */
+            memcpy(cs + c->rope_dim, cs, (size_t)c->rope_dim * sizeof(float));
     }
     END_PHASE(w, n);
 

@@ -134,6 +134,8 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
             (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)) ||
             (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
             (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_BO], "attn_output.bias", l, d, 1, err, len)) ||
+            (rc = check_vector(&L[PD_ATTN_SINKS], "attn_sinks.weight", l, c->n_head, 1, err, len)) ||
             (rc = L[PD_GATE_INP].data ? check_experts(c, K, L, l, err, len)
                                       : (check_matrix(K, &L[PD_GATE], "ffn_gate.weight", l, d, c->n_ff, err, len) ||
                                          check_matrix(K, &L[PD_UP], "ffn_up.weight", l, d, c->n_ff, err, len) ||

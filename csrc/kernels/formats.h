@@ -16,10 +16,10 @@
 enum {
     PD_F32 = 0, PD_F16 = 1, PD_Q4_0 = 2, PD_Q4_1 = 3, PD_Q5_0 = 6, PD_Q5_1 = 7,
     PD_Q8_0 = 8, PD_Q8_1 = 9, PD_Q2_K = 10, PD_Q3_K = 11, PD_Q4_K = 12, PD_Q5_K = 13,
-    PD_Q6_K = 14, PD_Q8_K = 15, PD_BF16 = 30,
+    PD_Q6_K = 14, PD_Q8_K = 15, PD_IQ4_NL = 20, PD_IQ4_XS = 23, PD_BF16 = 30, PD_MXFP4 = 39,
     /* Our own layouts, built at load (pd_repack), never read from a file: ids past GGML's. */
     PD_FIRST_REPACKED = 48, PD_Q4_0_R16 = 48, PD_Q4_1_R16 = 49, PD_Q5_0_R16 = 50, PD_Q5_1_R16 = 51,
-    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_NTYPES = 55
+    PD_Q8_0_R16 = 52, PD_Q4_K_R16 = 53, PD_Q6_K_R16 = 54, PD_IQ4_NL_R16 = 55, PD_MXFP4_R16 = 56, PD_NTYPES = 57
 };
 
 /* Activation formats a weight type pairs with. */
@@ -72,6 +72,51 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; 
 /* nibble layout of q4_0/q4_1: value j (j<16) is qs[j] & 0xF, value j+16 is qs[j] >> 4;
  * q5_0/q5_1 add a fifth bit: bit j of the little-endian 32-bit word qh is bit 4 of value j. */
 
+/* The codebook formats: 4-bit indices into a 16-entry int8 table, the table lookup a byte
+ * shuffle in the SIMD kernels (vpshufb / TBL), then the int8 dots of Q8_0 (pd_q8 activations)
+ * or of the K-quants (IQ4_XS: pd_q8k). Nibble layout of each 32 values as q4_0's: value j (j < 16)
+ * is qs[j] & 0xF, value j + 16 is qs[j] >> 4.
+ *   IQ4_NL: w = d * pd_kvalues_iq4nl[nibble]                        (d f16; 18 bytes per 32)
+ *   MXFP4:  w = 2^(e - 128) * pd_kvalues_mxfp4[nibble]   (e an E8M0 byte; 17 bytes per 32): the
+ *           table holds the e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives,
+ *           times 2), so the scale is the E8M0 value 2^(e - 127) halved (pd_e8m0_half)
+ *   IQ4_XS: super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales ls (low 4 bits the nibble
+ *           ib % 2 of scales_l[ib / 2], high 2 bits bits 2ib..2ib+1 of scales_h), stored + 32:
+ *           w = d * (ls - 32) * pd_kvalues_iq4nl[nibble]; sub-block ib's nibbles are qs[16ib..16ib+15]
+ *           (136 bytes per 256). As a K-quant (pd_unpack_kblock): sc = ls - 32 for both halves of
+ *           a sub-block, no minimum. */
+typedef struct { uint16_t d; uint8_t qs[16]; } pd_block_iq4_nl;
+typedef struct { uint8_t e; uint8_t qs[16]; } pd_block_mxfp4;
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } pd_block_iq4_xs;
+static const int8_t pd_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,   /* (negative: */
+                                             1, 13, 25, 38, 53, 69, 89, 113 };          /* indices 0..7) */
+static const int8_t pd_kvalues_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+/* 2^(e - 128) as a float (exact for every e: e < 2 are the subnormals 2^-128, 2^-127). */
+static inline float pd_e8m0_half(uint8_t e) {
+    return pd_bits_float(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+/* Sub-block ib's 6-bit scale of an IQ4_XS super-block, minus 32 (-32..31). */
+static inline int pd_iq4xs_scale(const pd_block_iq4_xs *b, int ib) {
+    return (((b->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | ((b->scales_h >> 2 * ib) & 3) << 4) - 32;
+}
+/* All 8 stored scales ls (0..63) of an IQ4_XS super-block as the bytes of a word, byte ib for
+ * sub-block ib (for SIMD: no per-sub-block shifts): scales_l's nibbles and scales_h's bit pairs
+ * spread to one byte each by the usual interleaving shifts. */
+static inline uint64_t pd_iq4xs_scales_u8(const pd_block_iq4_xs *b) {
+    uint32_t l;
+    __builtin_memcpy(&l, b->scales_l, 4);
+    uint64_t lo = l, hi = b->scales_h;
+    lo = (lo | lo << 16) & 0x0000ffff0000ffffull;
+    lo = (lo | lo << 8) & 0x00ff00ff00ff00ffull;
+    lo = (lo | lo << 4) & 0x0f0f0f0f0f0f0f0full;    /* nibble ib -> byte ib */
+    hi = (hi | hi << 24) & 0x000000ff000000ffull;
+    hi = (hi | hi << 12) & 0x000f000f000f000full;
+    hi = (hi | hi << 6) & 0x0303030303030303ull;    /* bit pair ib -> byte ib */
+    return lo | hi << 4;
+}
+_Static_assert(sizeof(pd_block_iq4_nl) == 18 && sizeof(pd_block_mxfp4) == 17 && sizeof(pd_block_iq4_xs) == 136,
+               "codebook format structs must match GGML's byte layout");
+
 /* The legacy formats repacked by 16 rows (PD_*_R16, built at load by pd_repack): block b of
  * rows 16i..16i+15 in one record of exactly the bytes of their 16 file blocks, interleaved so
  * that one 512-bit register holds 4 quant bytes of each of the 16 rows. Record layout:
@@ -89,23 +134,32 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } pd_block_q5_1; 
  *     acc = fma(float(sum(u * a)), d * dx, acc);  acc = fma(mw, s, acc)
  * with mw = m (Q4_1, Q5_1) or -offset * d (Q4_0: 8, Q5_0: 16, Q8_0: 128) and s = dx * sum(a):
  * the offset leaves as a float term, not an integer one, within the kernels' float tolerance.
+ * The codebook formats (the x86 tables, whose R16 tiles look the codebook up by a byte shuffle; ARM
+ * keeps their file layout): their nibbles are indices, u = codebook[nibble] + 128, offset 128 (as Q8_0's).
+ *     PD_IQ4_NL_R16: Q4_0's record;  PD_MXFP4_R16: uint8 e[16] (the rows' E8M0 bytes), then qs[256]
+ *     (272 bytes: 16 file blocks exactly), d = pd_e8m0_half(e).
  * Against the file's layout, which needs per row a convert, a scale permute and an fma per
  * 64 values, this is 8 integer and 3 float instructions per 32 values for 16 rows. */
 enum { PD_R16_ROWS = 16 };
 #define PD_REPACK_ROWS PD_R16_ROWS
 static inline int pd_r16_file_type(int rt) {
     return rt == PD_Q4_0_R16 ? PD_Q4_0 : rt == PD_Q4_1_R16 ? PD_Q4_1 : rt == PD_Q5_0_R16 ? PD_Q5_0
-         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : -1;
+         : rt == PD_Q5_1_R16 ? PD_Q5_1 : rt == PD_Q8_0_R16 ? PD_Q8_0 : rt == PD_IQ4_NL_R16 ? PD_IQ4_NL
+         : rt == PD_MXFP4_R16 ? PD_MXFP4 : -1;
+}
+/* The codebook of a repacked codebook format (NULL for the others). */
+static inline const int8_t *pd_r16_codebook(int rt) {
+    return rt == PD_IQ4_NL_R16 ? pd_kvalues_iq4nl : rt == PD_MXFP4_R16 ? pd_kvalues_mxfp4 : NULL;
 }
 static inline int pd_r16_has_min(int rt) { return rt == PD_Q4_1_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_has_hmask(int rt) { return rt == PD_Q5_0_R16 || rt == PD_Q5_1_R16; }
 static inline int pd_r16_offset(int rt) {
-    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 ? 128 : 0;
+    return rt == PD_Q4_0_R16 ? 8 : rt == PD_Q5_0_R16 ? 16 : rt == PD_Q8_0_R16 || pd_r16_codebook(rt) ? 128 : 0;
 }
 static inline size_t pd_r16_m_off(int rt) { (void)rt; return 32; }
 static inline size_t pd_r16_hmask_off(int rt) { return pd_r16_has_min(rt) ? 64 : 32; }
 static inline size_t pd_r16_qs_off(int rt) {
-    return 32 + (pd_r16_has_min(rt) ? 32 : 0) + (pd_r16_has_hmask(rt) ? 64 : 0);
+    return rt == PD_MXFP4_R16 ? 16 : 32 + (pd_r16_has_min(rt) ? 32 : 0) + (pd_r16_has_hmask(rt) ? 64 : 0);
 }
 static inline size_t pd_r16_bytes(int rt) { return pd_r16_qs_off(rt) + (rt == PD_Q8_0_R16 ? 512 : 256); }
 /* The repacked type of a file type (-1: none), and the repacking of nrows (a multiple of
@@ -237,7 +291,8 @@ static inline void pd_unpack_scales_q3k(const uint8_t *s, int8_t out[16]) {
 
 /* One K-quant super-block in the common form above: w_i = (d * sc[i/16]) * q[i] - dmin *
  * m[i/16] (Q4_K/Q5_K repeat each 32-value sub-block's sc/m for both halves; dmin = 0 and
- * m = 0 for Q3_K/Q6_K). Used by the scalar kernels and pd_dequantize_row. type: PD_Q2_K..PD_Q6_K. */
+ * m = 0 for Q3_K/Q6_K/IQ4_XS). Used by the scalar kernels and pd_dequantize_row. type: PD_Q2_K..PD_Q6_K,
+ * PD_IQ4_XS. */
 typedef struct { float d, dmin; int8_t q[256]; int16_t sc[16], m[16]; } pd_kblock;
 void pd_unpack_kblock(int type, const void *blk, pd_kblock *out);
 

@@ -55,7 +55,7 @@ typedef struct {
 } pd_kernels;
 
 /* A table over an ISA file's functions of the standard names: quantize_q8, quantize_q8k,
- * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k), f32_to_f16,
+ * matmul_<format> (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k .. q6_k iq4_nl iq4_xs mxfp4), f32_to_f16,
  * exp_sub, attn_accum, attn_accum_q8, attn_scores_mh, attn_accum_mh, act_mul, sum_exp, collect_above,
  * then the designators given
  * after the name (the repacked layouts' entries). (A table that reuses
@@ -66,7 +66,8 @@ typedef struct {
                 [PD_Q4_0] = matmul_q4_0, [PD_Q4_1] = matmul_q4_1, [PD_Q5_0] = matmul_q5_0,     \
                 [PD_Q5_1] = matmul_q5_1, [PD_Q8_0] = matmul_q8_0, [PD_Q2_K] = matmul_q2_k,     \
                 [PD_Q3_K] = matmul_q3_k, [PD_Q4_K] = matmul_q4_k, [PD_Q5_K] = matmul_q5_k,     \
-                [PD_Q6_K] = matmul_q6_k },                                                     \
+                [PD_Q6_K] = matmul_q6_k, [PD_IQ4_NL] = matmul_iq4_nl, [PD_IQ4_XS] = matmul_iq4_xs, \
+                [PD_MXFP4] = matmul_mxfp4 },                                                   \
     .f32_to_f16 = f32_to_f16, .exp_sub = exp_sub,                  \
     .attn_accum = attn_accum, .attn_accum_q8 = attn_accum_q8, .attn_scores_mh = attn_scores_mh,   \
     .attn_accum_mh = attn_accum_mh, .act_mul = act_mul, .sum_exp = sum_exp, .collect_above = collect_above, \

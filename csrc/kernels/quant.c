@@ -22,6 +22,8 @@ static type_traits traits(int type) {
     case PD_Q5_0_R16: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
     case PD_Q5_1_R16: return (type_traits){32, sizeof(pd_block_q5_1), PD_ACT_Q8};
     case PD_Q8_0_R16: return (type_traits){32, sizeof(pd_block_q8_0), PD_ACT_Q8};
+    case PD_IQ4_NL_R16: return (type_traits){32, sizeof(pd_block_iq4_nl), PD_ACT_Q8};
+    case PD_MXFP4_R16: return (type_traits){32, sizeof(pd_block_mxfp4), PD_ACT_Q8};
     case PD_Q4_K_R16: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
     case PD_Q6_K_R16: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
     case PD_Q5_0: return (type_traits){32, sizeof(pd_block_q5_0), PD_ACT_Q8};
@@ -32,6 +34,9 @@ static type_traits traits(int type) {
     case PD_Q4_K: return (type_traits){256, sizeof(pd_block_q4_k), PD_ACT_Q8K};
     case PD_Q5_K: return (type_traits){256, sizeof(pd_block_q5_k), PD_ACT_Q8K};
     case PD_Q6_K: return (type_traits){256, sizeof(pd_block_q6_k), PD_ACT_Q8K};
+    case PD_IQ4_NL: return (type_traits){32, sizeof(pd_block_iq4_nl), PD_ACT_Q8};
+    case PD_MXFP4:  return (type_traits){32, sizeof(pd_block_mxfp4), PD_ACT_Q8};
+    case PD_IQ4_XS: return (type_traits){256, sizeof(pd_block_iq4_xs), PD_ACT_Q8K};
     default:      return (type_traits){0, 0, PD_ACT_NONE};
     }
 }
@@ -54,7 +59,8 @@ const char *pd_type_name(int type) {
     if (type >= PD_FIRST_REPACKED && type < PD_NTYPES) {
         static const char *const r16[] = { "Q4_0 (16-row repack)", "Q4_1 (16-row repack)", "Q5_0 (16-row repack)",
                                            "Q5_1 (16-row repack)", "Q8_0 (16-row repack)",
-                                           "Q4_K (16-row repack)", "Q6_K (16-row repack)" };
+                                           "Q4_K (16-row repack)", "Q6_K (16-row repack)",
+                                           "IQ4_NL (16-row repack)", "MXFP4 (16-row repack)" };
         return r16[type - PD_FIRST_REPACKED];
     }
     return type >= 0 && type < n ? type_names[type] : "unknown";
@@ -155,6 +161,18 @@ void pd_unpack_kblock(int type, const void *blk, pd_kblock *o) {
         }
         break;
     }
+    case PD_IQ4_XS: {   /* formats.h: the codebook's int8 values, each sub-block's scale in both halves */
+        const pd_block_iq4_xs *b = blk;
+        o->d = pd_f16_to_f32_inline(b->d);
+        for (int ib = 0; ib < 8; ib++) {
+            o->sc[2 * ib] = o->sc[2 * ib + 1] = (int16_t)pd_iq4xs_scale(b, ib);
+            for (int j = 0; j < 16; j++) {
+                o->q[32 * ib + j] = pd_kvalues_iq4nl[b->qs[16 * ib + j] & 0xf];
+                o->q[32 * ib + 16 + j] = pd_kvalues_iq4nl[b->qs[16 * ib + j] >> 4];
+            }
+        }
+        break;
+    }
     default:
         memset(o, 0, sizeof *o);
     }
@@ -193,6 +211,24 @@ int pd_dequantize_row(int type, const void *w, float *y, int k) {
             const pd_block_q8_0 *x = (const pd_block_q8_0 *)w + b;
             float d = pd_f16_to_f32_inline(x->d);
             for (int j = 0; j < 32; j++) y[b * 32 + j] = d * x->qs[j];
+        }
+        return 0;
+    case PD_IQ4_NL: case PD_MXFP4:   /* d * codebook[nibble], one rounding, as gguf */
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *qs;
+            const int8_t *kv;
+            float d;
+            if (type == PD_IQ4_NL) {
+                const pd_block_iq4_nl *x = (const pd_block_iq4_nl *)w + b;
+                d = pd_f16_to_f32_inline(x->d); qs = x->qs; kv = pd_kvalues_iq4nl;
+            } else {
+                const pd_block_mxfp4 *x = (const pd_block_mxfp4 *)w + b;
+                d = pd_e8m0_half(x->e); qs = x->qs; kv = pd_kvalues_mxfp4;
+            }
+            for (int j = 0; j < 16; j++) {
+                y[b * 32 + j] = d * (float)kv[qs[j] & 0xf];
+                y[b * 32 + j + 16] = d * (float)kv[qs[j] >> 4];
+            }
         }
         return 0;
     case PD_Q4_0: case PD_Q4_1:
@@ -248,6 +284,8 @@ int pd_repacked_type(int type) {
     case PD_Q8_0: return PD_Q8_0_R16;
     case PD_Q4_K: return PD_Q4_K_R16;
     case PD_Q6_K: return PD_Q6_K_R16;
+    case PD_IQ4_NL: return PD_IQ4_NL_R16;
+    case PD_MXFP4: return PD_MXFP4_R16;
     default: return -1;
     }
 }
@@ -263,6 +301,8 @@ static void file_block(int type, const char *blk, uint16_t *d, uint16_t *m, uint
     case PD_Q5_0: memcpy(qh, blk + offsetof(pd_block_q5_0, qh), 4); *qs = (const uint8_t *)blk + offsetof(pd_block_q5_0, qs); break;
     case PD_Q5_1: memcpy(m, blk + 2, 2); memcpy(qh, blk + offsetof(pd_block_q5_1, qh), 4);
                   *qs = (const uint8_t *)blk + offsetof(pd_block_q5_1, qs); break;
+    case PD_IQ4_NL: *qs = (const uint8_t *)blk + offsetof(pd_block_iq4_nl, qs); break;
+    case PD_MXFP4: *d = (uint8_t)blk[0]; *qs = (const uint8_t *)blk + offsetof(pd_block_mxfp4, qs); break;
     default:      *qs = (const uint8_t *)blk + offsetof(pd_block_q8_0, qs); break;
     }
 }
@@ -285,7 +325,8 @@ int pd_repack(int type, const void *src, size_t src_stride, int nrows, int k, vo
                 uint32_t qh;
                 const uint8_t *qs;
                 file_block(type, (const char *)src + (size_t)(r + j) * src_stride + (size_t)b * fb, &d, &m, &qh, &qs);
-                memcpy(dd + j, &d, 2);
+                if (rt == PD_MXFP4_R16) ((uint8_t *)out)[j] = (uint8_t)d;   /* e[16] */
+                else memcpy(dd + j, &d, 2);
                 if (pd_r16_has_min(rt)) memcpy(mm + j, &m, 2);
                 for (int h = 0; h < 8; h++)
                     for (int t = 0; t < 4; t++) hm[h] |= (uint64_t)((qh >> (4 * h + t)) & 1) << (4 * j + t);

@@ -100,6 +100,26 @@ static inline float blk_q5_1(const void *wb, const pd_q8 *x) {
            pd_f16_to_f32_inline(w->m) * x->s;
 }
 
+/* The codebook formats (formats.h): 32 nibbles through the 16-entry table, then Q8_0's block. */
+static inline void unpack_codebook(const uint8_t *qs, const int8_t *kv, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = kv[qs[j] & 0xf];
+        q[j + 16] = kv[qs[j] >> 4];
+    }
+}
+static inline float blk_iq4_nl(const void *wb, const pd_q8 *x) {
+    const pd_block_iq4_nl *w = wb;
+    int8_t q[32];
+    unpack_codebook(w->qs, pd_kvalues_iq4nl, q);
+    return pd_f16_to_f32_inline(w->d) * x->d * (float)dot32(q, x->qs);
+}
+static inline float blk_mxfp4(const void *wb, const pd_q8 *x) {
+    const pd_block_mxfp4 *w = wb;
+    int8_t q[32];
+    unpack_codebook(w->qs, pd_kvalues_mxfp4, q);
+    return pd_e8m0_half(w->e) * x->d * (float)dot32(q, x->qs);
+}
+
 /* The mat-mat loop shared by all pd_q8-activation formats (blk inlines: one copy per format). */
 static inline void matmul_q8act(float (*blk)(const void *, const pd_q8 *), size_t bbytes, int k,
                                 const void *w, size_t ws, int nrows, const void *x, size_t xs,
@@ -128,6 +148,8 @@ SCALAR_MATMUL(matmul_q4_0, matmul_q8act, blk_q4_0, pd_block_q4_0)
 SCALAR_MATMUL(matmul_q4_1, matmul_q8act, blk_q4_1, pd_block_q4_1)
 SCALAR_MATMUL(matmul_q5_0, matmul_q8act, blk_q5_0, pd_block_q5_0)
 SCALAR_MATMUL(matmul_q5_1, matmul_q8act, blk_q5_1, pd_block_q5_1)
+SCALAR_MATMUL(matmul_iq4_nl, matmul_q8act, blk_iq4_nl, pd_block_iq4_nl)
+SCALAR_MATMUL(matmul_mxfp4, matmul_q8act, blk_mxfp4, pd_block_mxfp4)
 
 /* The legacy formats repacked by 16 rows (kernels.h: PD_*_R16): the SIMD kernels' arithmetic
  * (x86: avx512.c, r16_256.h; ARM64: arm/r16.h), lane by lane, so they agree bit for bit: per block, the integer dot sum(u * a), then
@@ -156,10 +178,11 @@ void pd_scalar_matmul_r16(int rt, int k, const void *w, size_t ws, int nrows, co
                         for (int t = 0; t < 4; t++) {
                             int u = q8 ? qs[64 * h + 4 * j + t]
                                        : (h < 4 ? qs[64 * h + 4 * j + t] & 0xF : qs[64 * (h - 4) + 4 * j + t] >> 4);
+                            if (pd_r16_codebook(rt)) u = pd_r16_codebook(rt)[u] + 128;   /* formats.h */
                             u += (int)((hm[h] >> (4 * j + t)) & 1) * 16;
                             dot += u * xc[b].qs[4 * h + t];
                         }
-                    const float dw = pd_f16_to_f32(d);
+                    const float dw = rt == PD_MXFP4_R16 ? pd_e8m0_half((uint8_t)blk[j]) : pd_f16_to_f32(d);
                     const float mw = pd_r16_has_min(rt) ? pd_f16_to_f32(m) : dw * (float)-pd_r16_offset(rt);
                     acc = fmaf((float)dot, dw * xc[b].d, acc);
                     acc = fmaf(mw, xc[b].s, acc);
@@ -206,6 +229,7 @@ SCALAR_MATMUL(matmul_q3_k, matmul_q8kact, PD_Q3_K, pd_block_q3_k)
 SCALAR_MATMUL(matmul_q4_k, matmul_q8kact, PD_Q4_K, pd_block_q4_k)
 SCALAR_MATMUL(matmul_q5_k, matmul_q8kact, PD_Q5_K, pd_block_q5_k)
 SCALAR_MATMUL(matmul_q6_k, matmul_q8kact, PD_Q6_K, pd_block_q6_k)
+SCALAR_MATMUL(matmul_iq4_xs, matmul_q8kact, PD_IQ4_XS, pd_block_iq4_xs)   /* a K-quant without minima */
 
 /* Float-activation formats: weight value i of a row, as float. */
 static inline float wf_f32(const void *w, int i) { return ((const float *)w)[i]; }

@@ -3,11 +3,13 @@
 Each turn re-renders the whole history with the chat template; the LLM reuses the K/V of the
 prefix it already computed, so only the new tokens are prefilled. When the history outgrows the
 context, the oldest exchanges are dropped (the system prompt is kept); a message that cannot fit
-even alone is refused and the history is left as it was.
+even alone is refused and the history is left as it was. A reasoning model's reasoning is shown
+apart from its answer and kept out of the history's content (chat/reasoning.py).
 """
 from __future__ import annotations
 
 from ..errors import ContextFullError
+from .reasoning import CONTENT, ReasoningSplitter, assistant_message, opens_reasoning
 
 
 def is_base_model(metadata: dict) -> bool:
@@ -32,6 +34,7 @@ class ChatSession:
         self.consume = consume or _consume
         self.history: list[dict] = []
         self.last = None          # the last answer's Completion (None after a reset)
+        self.last_reasoning = self.last_answer = ""   # its two parts (chat/reasoning.py)
         self.dropped = 0          # messages dropped to fit the context, since the last reset
         self.reset()
 
@@ -70,21 +73,37 @@ class ChatSession:
             self.notice(f"[context full ({n_ctx} tokens): dropped the {dropped} oldest message"
                         f"{'s' if dropped > 1 else ''}{', kept the system prompt' if self.system else ''}]")
 
-    def ask(self, text: str, write=None, on_prefill=None):
-        """Adds the user's message, streams the answer through `write`, returns the Completion."""
+    def ask(self, text: str, write=None, on_prefill=None, write_reasoning=None):
+        """Adds the user's message, streams the answer through `write` and the model's reasoning
+        (if its format has any, see chat/reasoning.py) through `write_reasoning` (None: not
+        shown), returns the Completion (its text is the whole generation; `last_reasoning` and
+        `last_answer` are its two parts). The history keeps the answer, and the reasoning
+        apart for the template to drop or keep as it says."""
         self.history.append({"role": "user", "content": text})
         try:
             self.fit()
+            fmt = self.llm.reasoning_format
+            opened = fmt is not None and opens_reasoning(self.llm.chat_prompt(self.history), fmt)
+            splitter = ReasoningSplitter(fmt, opened)
             stream = self.llm.stream_chat(self.history, self.max_tokens, on_prefill=on_prefill, **self.sampling)
         except BaseException:
             self.history.pop()
             raise
-        c = self.consume(stream, write)
+
+        def show(pieces):
+            for kind, piece in pieces:
+                out = write if kind == CONTENT else write_reasoning
+                if out is not None:
+                    out(piece)
+
+        c = self.consume(stream, lambda t: show(splitter.feed(t)))
+        show(splitter.flush())
         self.last = c
-        if c.finish_reason == "cancelled" and not c.text.strip():
-            self.history.pop()                           # stopped before it said anything
+        self.last_reasoning, self.last_answer = "".join(splitter.reasoning), "".join(splitter.content)
+        if c.finish_reason == "cancelled" and not self.last_answer.strip():
+            self.history.pop()                           # stopped before it answered
         else:
-            self.history.append({"role": "assistant", "content": c.text})
+            self.history.append(assistant_message(self.last_reasoning, self.last_answer))
         return c
 
 

@@ -8,7 +8,7 @@ import click
 from ..chat import ChatSession, is_base_model
 from ..errors import PydecodeError
 from . import common
-from .terminal import Style, WordWrapper, use_colour
+from .terminal import ReasoningView, Style, WordWrapper, use_colour
 
 CHAT_HELP = """\
 Commands:
@@ -60,6 +60,11 @@ def _verbose_line(c) -> str:
     return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_s:.1f} t/s, TTFT {_ms(s.ttft_s)}, "
             f"prefilled {s.prompt_tokens - s.cached_tokens} new + {s.cached_tokens} cached prompt tokens, "
             f"finish: {finish_words(c)}]")
+
+
+def _stderr_write(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def _read_input(prompt: str, to_stdout: bool) -> str:
@@ -123,14 +128,16 @@ def _repl(session: ChatSession, llm, verbose: bool, banner: str) -> int:
                 click.echo(f"unknown command {cmd}; /help lists them", err=True)
             continue
         wrap = WordWrapper.for_terminal(common.stdout_write)
+        view = ReasoningView(wrap, common.stdout_write, style)
         progress = common.PrefillProgress()
         try:
-            c = session.ask(text, wrap.feed, on_prefill=progress)
+            c = session.ask(text, view.content, on_prefill=progress, write_reasoning=view.reasoning)
         except (PydecodeError, ValueError) as e:
             click.echo(f"error: {common.message(e)}", err=True)
             continue
         finally:
             progress.close()
+            view.close()
         wrap.flush()
         common.stdout_write("\n")
         if c.finish_reason == "cancelled":
@@ -209,12 +216,15 @@ def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, 
             common.save_prompt_cache(llm, prompt_cache)
         sys.exit(code)
     progress = common.PrefillProgress()
+    # One answer: stdout has the answer alone; a reasoning model's reasoning goes to stderr.
+    view = ReasoningView(WordWrapper(_stderr_write, None), _stderr_write, Style(use_colour(sys.stderr)))
     try:
-        c = session.ask(prompt.strip(), common.stdout_write, on_prefill=progress)
+        c = session.ask(prompt.strip(), common.stdout_write, on_prefill=progress, write_reasoning=view.reasoning)
     except (PydecodeError, ValueError) as e:
         common.fail(e)
     finally:
         progress.close()
+        view.close()
     common.save_prompt_cache(llm, prompt_cache)
     common.stdout_write("\n")
     if verbose:

@@ -32,6 +32,35 @@ class Style:
         return self._wrap("33", text)        # yellow
 
 
+class ReasoningView:
+    """A reasoning model's answer on the terminal: its reasoning first, dimmed (without colour:
+    between "[thinking]" and "[/thinking]" lines), then the answer as usual. `reasoning` and
+    `content` take the streamed parts (ChatSession.ask's write_reasoning and write); `close`
+    ends a reasoning the answer never followed."""
+
+    def __init__(self, wrap: "WordWrapper", write, style: Style):
+        self.wrap, self.write, self.style = wrap, write, style
+        self.open = False
+
+    def reasoning(self, text: str) -> None:
+        if not self.open:
+            self.wrap.flush()
+            self.write("\033[2m" if self.style.on else "[thinking]\n")
+            self.open = True
+        self.wrap.feed(text)
+
+    def content(self, text: str) -> None:
+        self.close()
+        self.wrap.feed(text)
+
+    def close(self) -> None:
+        if self.open:
+            self.wrap.flush()
+            self.write("\033[0m\n\n" if self.style.on else "\n[/thinking]\n\n")
+            self.wrap.col = 0
+            self.open = False
+
+
 class WordWrapper:
     """Writes streamed text, breaking lines at spaces so that no word is cut at the terminal's
     edge. A word is held until it is complete (a space or newline follows it, or flush()), then

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import openai_format as oai
+from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoning, split_reasoning
 from ..chat.templates import TemplateError
 from ..errors import ContextFullError, ModelClosedError, ModelError, QueueFullError
 from ..sampling import SamplingParams
@@ -179,8 +180,11 @@ async def chat_completions(request: Request) -> Response:
     check_model(state, body)
     g = params.generation(body, chat=True, default_max_tokens=None)
     msgs = params.messages(body)
+    kwargs = params.template_kwargs(body)
+    fmt = llm.reasoning_format
     try:
-        ids = await run_in_threadpool(llm.chat_tokens, msgs)
+        ids = await run_in_threadpool(llm.chat_tokens, msgs, **kwargs)
+        opened = fmt is not None and opens_reasoning(await run_in_threadpool(llm.chat_prompt, msgs, **kwargs), fmt)
     except (TemplateError, ValueError) as e:
         raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
     handles = submit(state, llm, [ids], g, "messages")
@@ -191,10 +195,18 @@ async def chat_completions(request: Request) -> Response:
 
     if g.stream:
         head = oai.head("chat.completion.chunk", model)
+        # A reasoning model's text is split as it streams: deltas of reasoning_content, then content.
+        splitters = [ReasoningSplitter(fmt, opened) for _ in handles]
 
         def chunk(k, delta, lp=None, finish=None):
             return sse({**head, "system_fingerprint": state.fingerprint,
                         "choices": [{"index": k, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+
+        def deltas(k, parts, lp=None):
+            out = [chunk(k, oai.chat_delta(kind, text)) for kind, text in parts]
+            if lp is not None:   # a token's logprobs go out even when it adds no text (a marker)
+                out = out[:-1] + [chunk(k, oai.chat_delta(*parts[-1]) if parts else {"content": ""}, lp)]
+            return out
 
         async def stream():
             for k in range(len(handles)):
@@ -203,9 +215,12 @@ async def chat_completions(request: Request) -> Response:
                 if isinstance(c, APIError):
                     yield sse(c.body())
                 elif isinstance(c, str):
+                    for out in deltas(k, splitters[k].flush()):
+                        yield out
                     yield chunk(k, {}, finish=c)
                 else:
-                    yield chunk(k, {"content": "".join(p.text for p in c)}, logprobs(c))
+                    for out in deltas(k, splitters[k].feed("".join(p.text for p in c)), logprobs(c)):
+                        yield out
             if g.include_usage:
                 yield sse({**head, "choices": [], "usage": _usage(handles, g.n)})
             yield DONE
@@ -213,7 +228,7 @@ async def chat_completions(request: Request) -> Response:
         return _streamed(state, handles, stream())
 
     pieces = await _finished(state, request, handles)
-    choices = [{"index": k, "message": {"role": "assistant", "content": h.completion.text},
+    choices = [{"index": k, "message": assistant_message(*split_reasoning(h.completion.text, fmt, opened)),
                 "logprobs": logprobs(ps), "finish_reason": oai.finish_reason(h.completion.finish_reason)}
                for k, (h, ps) in enumerate(zip(handles, pieces))]
     return JSONResponse({**oai.head("chat.completion", model), "system_fingerprint": state.fingerprint,

@@ -207,9 +207,9 @@ def prompts(body: dict, n_vocab: int) -> list[str | list[int]]:
 
 
 def messages(body: dict) -> list[dict]:
-    """/v1/chat/completions' messages, for the chat template: each {"role", "content": str};
-    content given as parts keeps its text parts (joined by newlines); "developer" is a system
-    message (OpenAI's newer name for it)."""
+    """/v1/chat/completions' messages, for the chat template: each {"role", "content": str}
+    (and an assistant's "reasoning_content", kept); content given as parts keeps its text parts
+    (joined by newlines); "developer" is a system message (OpenAI's newer name for it)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects",
@@ -240,8 +240,35 @@ def messages(body: dict) -> list[dict]:
             content = "\n".join(texts)
         elif not isinstance(content, str):
             raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and role == "assistant":
+            # An earlier answer's reasoning, as this server returned it: the template decides
+            # whether the turn keeps it (Qwen3's drops it before the last user message).
+            if not isinstance(reasoning, str):
+                raise bad(f"{where}.reasoning_content", f"must be a string, got {reasoning!r}")
+            msg["reasoning_content"] = reasoning
+        out.append(msg)
     return out
+
+
+# Variables the server sets itself: a request cannot override them.
+_TEMPLATE_OWN = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents")
+
+
+def template_kwargs(body: dict) -> dict:
+    """llama-server's chat_template_kwargs: more variables for the chat template, e.g.
+    {"enable_thinking": false} (Qwen3) or {"reasoning_effort": "high"} (gpt-oss)."""
+    v = body.get("chat_template_kwargs")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad("chat_template_kwargs", f"must be an object of template variables, got {v!r}")
+    for k in v:
+        if not k.isidentifier() or k in _TEMPLATE_OWN:
+            raise bad("chat_template_kwargs", f"cannot set {k!r}"
+                      + (" (the server sets it)" if k in _TEMPLATE_OWN else " (not a variable name)"))
+    return dict(v)
 
 
 def tokens_field(body: dict, name: str, n_vocab: int) -> list[int]:

@@ -19,14 +19,44 @@ from __future__ import annotations
 import os
 import re
 
-from .bpe import _PRE_TOKENIZERS, _ByteLevelBPE
+from .bpe import _PRE_TOKENIZERS, _ByteLevelBPE, _SpaceEscapedBPE
 from .common import BYTE, CONTROL, EOG_MARKERS, NORMAL, UNKNOWN, USER_DEFINED, TokenizerError
 from .incremental import IncrementalDecoder
 from .spm import _SentencePiece
 
 __all__ = ["Tokenizer", "TokenizerError", "IncrementalDecoder", "EOG_MARKERS"]
 
-_BACKENDS = {"gpt2": _ByteLevelBPE, "llama": _SentencePiece}
+_BACKENDS = {"gpt2": _ByteLevelBPE, "llama": _SentencePiece, "gemma4": _SpaceEscapedBPE}
+
+
+def _end_of_generation(eog: set[int], vocab: dict[str, int], types: list[int]) -> frozenset[int]:
+    """The ids that end a generation: the metadata's (eos, eot, eom) and every end marker the
+    vocabulary has, with llama.cpp's corrections by family; retypes `types` as llama.cpp does.
+
+    - An end marker is a control token even if mis-typed as normal.
+    - OpenAI harmony (gpt-oss): <|start|> <|channel|> <|message|> <|constrain|> are shown as
+      text (user-defined), for the reasoning parser (pydecode/chat/reasoning.py) to read the
+      channels in the generated text; with <|return|> and <|call|> present, <|end|> only closes
+      a message (the analysis one, before the final answer): not an end, and shown as text too.
+    - Gemma 4 (<|tool_response> present): </s> is a normal token, not an end.
+    """
+    for text in EOG_MARKERS:
+        tid = vocab.get(text)
+        if tid is not None:
+            eog.add(tid)
+            types[tid] = CONTROL
+    for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+        if text in vocab:
+            types[vocab[text]] = USER_DEFINED
+    ids = {text: vocab.get(text) for text in ("<|return|>", "<|call|>", "<|end|>",
+                                              "<|tool_response>", "</s>")}
+    if ids["<|return|>"] is not None and ids["<|call|>"] is not None and ids["<|end|>"] is not None:
+        types[ids["<|end|>"]] = USER_DEFINED
+        eog.discard(ids["<|end|>"])
+    if ids["<|tool_response>"] is not None and ids["</s>"] is not None:
+        eog.discard(ids["</s>"])
+        types[ids["</s>"]] = NORMAL
+    return frozenset(eog)
 
 
 class Tokenizer:
@@ -77,6 +107,8 @@ class Tokenizer:
         # The per-model default applies only when the file says nothing and has a BOS id.
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token",
                                      backend.default_add_bos and self.bos_id is not None))
+        if getattr(backend, "always_add_bos", False) and self.bos_id is not None:
+            self.add_bos = True  # llama.cpp overrides a file's add_bos_token=false (Gemma 4)
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         for flag, tid, what in ((self.add_bos, self.bos_id, "bos"),
                                 (self.add_eos, self.eos_id, "eos")):
@@ -84,15 +116,9 @@ class Tokenizer:
                 raise TokenizerError(f"tokenizer.ggml.add_{what}_token is set but "
                                      f"tokenizer.ggml.{what}_token_id is missing or out of range")
 
-        eog = {self.eos_id, token_id("tokenizer.ggml.eot_token_id"),
-               token_id("tokenizer.ggml.eom_token_id")} - {None}
-        for text in EOG_MARKERS:
-            tid = vocab.get(text)
-            if tid is not None:
-                eog.add(tid)
-                # Like llama.cpp: an end marker is a control token even if mis-typed as normal.
-                types[tid] = CONTROL
-        self.eog_ids = frozenset(eog)
+        self.eog_ids = _end_of_generation(
+            {self.eos_id, token_id("tokenizer.ggml.eot_token_id"),
+             token_id("tokenizer.ggml.eom_token_id")} - {None}, vocab, types)
 
         self._tokens = tokens
         self._types = types

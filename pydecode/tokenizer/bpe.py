@@ -155,3 +155,61 @@ class _ByteLevelBPE:
         except UnicodeEncodeError:  # a char outside the byte map: keep it as UTF-8
             return b"".join(bytes([_BYTE_DECODER[ord(c)]]) if ord(c) in _BYTE_DECODER
                             else c.encode() for c in text)
+
+
+_NEWLINES = re.compile(r"\n+")
+_SPACE = "\u2581"
+
+
+class _SpaceEscapedBPE:
+    """Backend for `tokenizer.ggml.model == "gemma4"`: BPE merges over characters (not GPT-2's
+    byte map) of text whose spaces are written U+2581, with <0xNN> tokens for the bytes of
+    characters outside the vocabulary: SentencePiece's spelling, a BPE's merge table.
+
+    llama.cpp (LLAMA_VOCAB_PRE_TYPE_GEMMA4) escapes the spaces, cuts the text into runs of
+    newlines and runs of everything else ("[^\\n]+|[\\n]+") and merges within each; a newline
+    run that is itself a vocabulary entry is that entry (merges would build some runs from
+    other pieces). No space prefix; a BOS is always added (llama.cpp overrides add_bos=false).
+    """
+
+    add_space_prefix = False
+    default_ids: dict[str, int] = {}
+    default_add_bos = always_add_bos = True
+
+    def __init__(self, meta: dict, tokens: list[str], vocab: dict[str, int], cache_path=None):
+        merges = meta.get("tokenizer.ggml.merges")
+        if merges is None:
+            raise TokenizerError("tokenizer.ggml.merges is missing (needed by a gemma4 tokenizer)")
+        # Pieces hold no literal space (it is U+2581), so the first space from the second
+        # character on separates the pair, as llama.cpp splits it.
+        pairs = []
+        for m in merges:
+            cut = m.find(" ", 1)
+            if cut < 0:
+                raise TokenizerError(f"tokenizer.ggml.merges entry {m!r} is not a pair")
+            pairs.append((m[:cut], m[cut + 1:]))
+        hf = _HFTokenizer(models.BPE(vocab, pairs, byte_fallback=True))
+        self._hf_encode = hf.encode
+        self._vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of plain text (special tokens were already cut out by the caller)."""
+        text = text.replace(" ", _SPACE)
+        ids: list[int] = []
+        at = 0
+        for m in _NEWLINES.finditer(text):
+            if m.start() > at:
+                ids.extend(self._hf_encode(text[at:m.start()], add_special_tokens=False).ids)
+            run = m.group()
+            whole = self._vocab.get(run)
+            ids.extend([whole] if whole is not None else
+                       self._hf_encode(run, add_special_tokens=False).ids)
+            at = m.end()
+        if at < len(text):
+            ids.extend(self._hf_encode(text[at:], add_special_tokens=False).ids)
+        return ids
+
+    @staticmethod
+    def token_bytes(text: str) -> bytes:
+        """The bytes a normal vocabulary entry stands for."""
+        return text.replace(_SPACE, " ").encode()

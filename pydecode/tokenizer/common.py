@@ -10,6 +10,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 EOG_MARKERS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>", "<|end|>",
     "</s>", "<|end_of_text|>", "<EOT>", "<end_of_utterance>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<|return|>", "<|call|>",            # OpenAI harmony (gpt-oss): the answer / a tool call
+    "<eos>", "<turn|>", "<|tool_response>",  # Gemma 4
 )
 
 

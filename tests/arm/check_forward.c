@@ -52,6 +52,9 @@ static pd_tensor matrix(int t, int ne0, int ne1) {
         case PD_Q4_1: case PD_Q5_1: put_f16(blk, 0.02f * s); put_f16(blk + 2, -0.15f * fabsf(s)); break;
         case PD_Q4_K: put_f16(blk, 0.0008f * fabsf(s)); put_f16(blk + 2, 0.0008f * fabsf(s)); break;
         case PD_Q6_K: put_f16(blk + 208, 0.0004f * s); break;
+        case PD_IQ4_NL: put_f16(blk, 0.0006f * s); break;                 /* |codebook| ~62 */
+        case PD_IQ4_XS: put_f16(blk, 0.00004f * s); break;                /* x |ls - 32| ~16 */
+        case PD_MXFP4: blk[0] = (uint8_t)(120 + rnd() % 3); break;        /* 2^-8 .. 2^-6 */
         default: break;
         }
     }
@@ -71,7 +74,7 @@ static void build(void) {
     tensors[PD_OUTPUT] = matrix(PD_Q8_0, D, NV);
     static const int TYPES[NL][7] = { /* wq wk wv wo gate up down */
         { PD_Q4_0, PD_Q4_1, PD_Q5_0, PD_Q5_1, PD_Q4_0, PD_Q4_1, PD_Q8_0 },
-        { PD_Q8_0, PD_Q5_0, PD_Q4_0, PD_Q4_1, PD_Q4_K, PD_Q4_K, PD_Q6_K } };
+        { PD_Q8_0, PD_IQ4_NL, PD_MXFP4, PD_Q4_1, PD_Q4_K, PD_IQ4_XS, PD_Q6_K } };   /* (+ the codebook formats) */
     for (int l = 0; l < NL; l++) {
         pd_tensor *L = &tensors[PD_GLOBAL_SLOTS + l * PD_LAYER_SLOTS];
         L[PD_ATTN_NORM] = ones(D);

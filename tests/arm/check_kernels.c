@@ -26,9 +26,10 @@ static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("  FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
 
 static const char *TABLES[] = { "neon", "dotprod", "i8mm" };
-enum { NTYPES = 13 };
+enum { NTYPES = 16 };
 static const int TYPES[NTYPES] = { PD_Q4_0, PD_Q4_1, PD_Q5_0, PD_Q5_1, PD_Q8_0, PD_Q2_K, PD_Q3_K,
-                                   PD_Q4_K, PD_Q5_K, PD_Q6_K, PD_F32, PD_F16, PD_BF16 };
+                                   PD_Q4_K, PD_Q5_K, PD_Q6_K, PD_F32, PD_F16, PD_BF16,
+                                   PD_IQ4_NL, PD_IQ4_XS, PD_MXFP4 };
 
 static int is_float(int t) { return t == PD_F32 || t == PD_F16 || t == PD_BF16; }
 
@@ -50,6 +51,8 @@ static uint8_t *random_weights(int t, int nrows, int k, size_t *row_bytes) {
         case PD_Q3_K: off = 108; n = 1; break;
         case PD_Q4_K: case PD_Q5_K: n = 2; break;
         case PD_Q6_K: off = 208; n = 1; break;
+        case PD_IQ4_NL: case PD_IQ4_XS: n = 1; break;
+        case PD_MXFP4: blk[0] = (uint8_t)(120 + rnd() % 15); break;   /* E8M0 scales 2^-8 .. 2^6 */
         default: break;
         }
         for (int j = 0; j < n; j++) {

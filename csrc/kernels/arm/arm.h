@@ -97,7 +97,8 @@ AI int has_min(int T) { return T == PD_Q4_1 || T == PD_Q5_1; }
 /* (pd_type_block_bytes as a constant the compiler folds into the tile's addressing) */
 AI size_t qblock_bytes(int T) {
     return T == PD_Q4_0 ? sizeof(pd_block_q4_0) : T == PD_Q4_1 ? sizeof(pd_block_q4_1)
-         : T == PD_Q5_0 ? sizeof(pd_block_q5_0) : T == PD_Q5_1 ? sizeof(pd_block_q5_1) : sizeof(pd_block_q8_0);
+         : T == PD_Q5_0 ? sizeof(pd_block_q5_0) : T == PD_Q5_1 ? sizeof(pd_block_q5_1)
+         : T == PD_IQ4_NL ? sizeof(pd_block_iq4_nl) : T == PD_MXFP4 ? sizeof(pd_block_mxfp4) : sizeof(pd_block_q8_0);
 }
 
 /* byte j of the result is 0x10 where bit j of the two bytes b0 (j < 8), b1 (j >= 8) is set */
@@ -109,6 +110,16 @@ AI uint8x16_t fifth_bits(uint8_t b0, uint8_t b1) {
 
 /* Row block blk as two int8x16 of signed values, its scale dw and minimum mw (0 if none). */
 AI void aunpack(int T, const char *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *mw) {
+    if (T == PD_IQ4_NL || T == PD_MXFP4) {   /* the codebook formats: TBL of the nibbles into the table */
+        const int mx = T == PD_MXFP4;
+        const int8x16_t kv = vld1q_s8(mx ? pd_kvalues_mxfp4 : pd_kvalues_iq4nl);
+        const uint8x16_t q = vld1q_u8((const uint8_t *)blk + (mx ? offsetof(pd_block_mxfp4, qs) : offsetof(pd_block_iq4_nl, qs)));
+        *w0 = vqtbl1q_s8(kv, vandq_u8(q, vdupq_n_u8(0x0f)));
+        *w1 = vqtbl1q_s8(kv, vshrq_n_u8(q, 4));
+        *dw = mx ? pd_e8m0_half(*(const uint8_t *)blk) : f16f(blk);
+        *mw = 0.0f;
+        return;
+    }
     *dw = f16f(blk);
     if (T == PD_Q8_0) {
         const pd_block_q8_0 *b = (const pd_block_q8_0 *)blk;
@@ -330,7 +341,8 @@ AI void ftile(int T, int R, int C, int k, const char *w, size_t ws, const char *
 /* A tile of any format: T picks its kernel (a constant in each table entry, folded away). */
 AI void arm_tile(int T, int R, int C, int k, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {
     if (T == PD_F32 || T == PD_F16 || T == PD_BF16) ftile(T, R, C, k, w, ws, x, xs, y, ys);
-    else if (T == PD_Q2_K || T == PD_Q3_K || T == PD_Q4_K || T == PD_Q5_K || T == PD_Q6_K) ktile(T, R, C, k / PD_QKK, w, ws, x, xs, y, ys);
+    else if (T == PD_Q2_K || T == PD_Q3_K || T == PD_Q4_K || T == PD_Q5_K || T == PD_Q6_K || T == PD_IQ4_XS)
+        ktile(T, R, C, k / PD_QKK, w, ws, x, xs, y, ys);
     else atile(T, R, C, k / PD_QK, w, ws, x, xs, y, ys);
 }
 #if defined(ARM_MMLA)
@@ -356,6 +368,9 @@ ARM_MATMUL(matmul_q3_k, PD_Q3_K)
 ARM_MATMUL(matmul_q4_k, PD_Q4_K)
 ARM_MATMUL(matmul_q5_k, PD_Q5_K)
 ARM_MATMUL(matmul_q6_k, PD_Q6_K)
+ARM_MATMUL(matmul_iq4_nl, PD_IQ4_NL)   /* the codebook formats (formats.h) */
+ARM_MATMUL(matmul_mxfp4, PD_MXFP4)
+ARM_MATMUL(matmul_iq4_xs, PD_IQ4_XS)
 ARM_MATMUL(matmul_f32, PD_F32)
 ARM_MATMUL(matmul_f16, PD_F16)
 ARM_MATMUL(matmul_bf16, PD_BF16)

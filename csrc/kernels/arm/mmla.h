@@ -87,7 +87,8 @@ AI void atile_mm(int T, int C, int nb, const char *w, size_t ws, const char *x, 
  * i8mm core it models: per-row sub-block scales need a vector multiply-add per sub-block and
  * column pair, and four rows' unpacked nibbles, scales and paired activations spill; bench/README.md.) */
 AI void arm_tile_mm(int T, int C, int k, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {
-    if (T == PD_Q4_0 || T == PD_Q4_1 || T == PD_Q5_0 || T == PD_Q5_1 || T == PD_Q8_0) atile_mm(T, C, k / PD_QK, w, ws, x, xs, y, ys);
+    if (T == PD_Q4_0 || T == PD_Q4_1 || T == PD_Q5_0 || T == PD_Q5_1 || T == PD_Q8_0 || T == PD_IQ4_NL || T == PD_MXFP4)
+        atile_mm(T, C, k / PD_QK, w, ws, x, xs, y, ys);   /* (the codebook formats: aunpack's lookup) */
     else arm_tile(T, 4, C, k, w, ws, x, xs, y, ys);
 }
 #define ARM_TILE(R_, C_, r_, c_)                                                                         \

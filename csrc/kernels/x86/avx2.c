@@ -131,9 +131,10 @@ static void quantize_q8k(const float *x, pd_q8k *y, int k) {
 /* q4_0/q5_0 are unpacked unsigned; their offset (8/16) is subtracted as off*sum(x) in int16. */
 AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : 0; }
 
-/* Block b of a row as 32 quant bytes (unsigned, except q8_0: signed). */
+/* Block b of a row as 32 quant bytes (unsigned, except q8_0 and the codebook formats: signed). */
 AI __m256i unpack(int T, const char *blk) {
     switch (T) {
+    case T_IQ4_NL: case T_MXFP4: return codebook_lookup(T, blk, 0);
     case T_Q4_0: return nibbles(blk + 2);
     case T_Q4_1: return nibbles(blk + 4);
     case T_Q5_0: return _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
@@ -157,7 +158,7 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     pd_pf pf = pf_init(w, nb * bb, ws);
     for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
         const char *wb = w + b * bb;
-        const __m128 dw = load_h4(wb, ws, R);
+        const __m128 dw = load_scale4(T, wb, ws, R);
         const __m128 mw = has_min(T) ? load_h4(wb + 2, ws, R) : _mm_setzero_ps();
         const pd_q8 *xb[QCMAX];
         __m256i xq[QCMAX], xoff[QCMAX];
@@ -175,10 +176,10 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
         for (int r = 0; r < R; r++) {
             _mm_prefetch(pf.p + r * ws, _MM_HINT_T0);
             const __m256i q = unpack(T, wb + r * ws);
-            const __m256i aq = T == T_Q8_0 ? _mm256_sign_epi8(q, q) : q;
+            const __m256i aq = signed_quants(T) ? _mm256_sign_epi8(q, q) : q;
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
-                __m256i p = T == T_Q8_0 ? _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq[c], q))
+                __m256i p = signed_quants(T) ? _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq[c], q))
                                         : _mm256_maddubs_epi16(q, xq[c]);
                 if (offset(T)) p = _mm256_sub_epi16(p, xoff[c]);
                 const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
@@ -196,11 +197,14 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
 }
 
 PD_Q_MATMULS   /* matmul_q4_0 .. matmul_q8_0 over tile_q (tiles.h) */
+PD_Q_MATMUL(matmul_iq4_nl, T_IQ4_NL)   /* the codebook formats: Q8_0's arithmetic on looked-up bytes */
+PD_Q_MATMUL(matmul_mxfp4, T_MXFP4)
 
 /* ---------------------------------------------------------------- K-quants x pd_q8k
  * (kernels/x86/kquant.h, see there) with vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_add_epi32((acc), _mm256_madd_epi16((sc), (pairs)))
 #include "kernels/x86/kquant.h"
+PD_K_MATMUL(matmul_iq4_xs, T_IQ4_XS)
 /* Q4_K and Q6_K repacked by 16 rows (formats.h: PD_Q4_K_R16, PD_Q6_K_R16). */
 #define KR_KDOT PD_KDOT
 #include "kernels/x86/kr16_256.h"
@@ -444,7 +448,8 @@ PD_ATTN_MH_BY_HEAD   /* kernels.h: one call per head of the loops above */
 const pd_kernels pd_kernels_avx2 = PD_KERNEL_TABLE("avx2", .matmul[PD_Q4_K_R16] = matmul_q4_k_r16,
     .matmul[PD_Q6_K_R16] = matmul_q6_k_r16, .matmul[PD_Q4_0_R16] = matmul_q4_0_r16,
     .matmul[PD_Q4_1_R16] = matmul_q4_1_r16, .matmul[PD_Q5_0_R16] = matmul_q5_0_r16,
-    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16);
+    .matmul[PD_Q5_1_R16] = matmul_q5_1_r16, .matmul[PD_Q8_0_R16] = matmul_q8_0_r16,
+    .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16, .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16);
 
 /* Entries the AVX-VNNI and AVX-512 tables reuse (kernels/x86/avxvnni.c, kernels/x86/avx512.c): where
  * VNNI or 512-bit registers do not help (see those files). */
@@ -453,6 +458,9 @@ PD_AVX2_EXPORT(quantize_q8)
 PD_AVX2_EXPORT(act_mul)
 PD_AVX2_EXPORT(quantize_q8k)
 PD_AVX2_EXPORT(matmul_q8_0)
+PD_AVX2_EXPORT(matmul_iq4_nl)
+PD_AVX2_EXPORT(matmul_iq4_xs)
+PD_AVX2_EXPORT(matmul_mxfp4)
 PD_AVX2_EXPORT(matmul_f32)
 PD_AVX2_EXPORT(matmul_f16)
 PD_AVX2_EXPORT(matmul_bf16)

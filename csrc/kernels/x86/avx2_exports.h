@@ -9,6 +9,7 @@
 void pd_avx2_quantize_q8(const float *x, pd_q8 *y, int k);
 void pd_avx2_quantize_q8k(const float *x, pd_q8k *y, int k);
 pd_matmul_fn_t pd_avx2_matmul_q8_0, pd_avx2_matmul_f32, pd_avx2_matmul_f16, pd_avx2_matmul_bf16;
+pd_matmul_fn_t pd_avx2_matmul_iq4_nl, pd_avx2_matmul_iq4_xs, pd_avx2_matmul_mxfp4;
 void pd_avx2_f32_to_f16(const float *x, uint16_t *y, int n);
 float pd_avx2_exp_sub(float *x, int n, float shift);
 void pd_avx2_attn_accum(float *out, const float *w, const void *v, size_t stride, int n, int hd, int f16);
@@ -24,12 +25,17 @@ int pd_avx2_collect_above(const float *x, int n, float t, int32_t *out);
 #define PD_TABLE_OVER_AVX2(isa_name, ...) {                                                     \
     .name = isa_name, .quantize_q8 = pd_avx2_quantize_q8, .quantize_q8k = pd_avx2_quantize_q8k, \
     .matmul = { [PD_F32] = pd_avx2_matmul_f32, [PD_F16] = pd_avx2_matmul_f16,                  \
-                [PD_BF16] = pd_avx2_matmul_bf16, [PD_Q8_0] = pd_avx2_matmul_q8_0 },            \
+                [PD_BF16] = pd_avx2_matmul_bf16, [PD_Q8_0] = pd_avx2_matmul_q8_0,              \
+                [PD_IQ4_NL] = pd_avx2_matmul_iq4_nl, [PD_IQ4_XS] = pd_avx2_matmul_iq4_xs,      \
+                [PD_MXFP4] = pd_avx2_matmul_mxfp4 },                                           \
     .f32_to_f16 = pd_avx2_f32_to_f16,                       \
     .exp_sub = pd_avx2_exp_sub, .attn_accum = pd_avx2_attn_accum,    \
     .attn_accum_q8 = pd_avx2_attn_accum_q8, .attn_scores_mh = pd_avx2_attn_scores_mh,           \
     .attn_accum_mh = pd_avx2_attn_accum_mh, .act_mul = pd_avx2_act_mul,                          \
     .sum_exp = pd_avx2_sum_exp, .collect_above = pd_avx2_collect_above, __VA_ARGS__ }
+/* The codebook formats' matmuls by the file's own (the table has the AVX2 ones otherwise). */
+#define PD_IQ4_MATMULS_OWN                                                                      \
+    .matmul[PD_IQ4_NL] = matmul_iq4_nl, .matmul[PD_IQ4_XS] = matmul_iq4_xs, .matmul[PD_MXFP4] = matmul_mxfp4
 /* Overrides of the block formats' matmuls by the file's own of the standard names. */
 #define PD_BLOCK_MATMULS_OWN                                                                    \
     .matmul[PD_Q4_0] = matmul_q4_0, .matmul[PD_Q4_1] = matmul_q4_1, .matmul[PD_Q5_0] = matmul_q5_0, \

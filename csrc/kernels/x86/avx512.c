@@ -238,7 +238,8 @@ AI void tile_r16(int RT, int C, int nb, const char *w, const char *x, size_t xs,
         const char *blk = w + (size_t)b * rb;
 #pragma GCC unroll 9
         for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 dw = RT == PD_MXFP4_R16 ? _mm512_insertf32x8(_mm512_castps256_ps512(load_e8(blk)), load_e8(blk + 8), 1)
+                                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         const __m512 mw = pd_r16_has_min(RT)
             ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + pd_r16_m_off(RT))))
             : _mm512_mul_ps(dw, _mm512_set1_ps((float)-pd_r16_offset(RT)));
@@ -253,6 +254,11 @@ AI void tile_r16(int RT, int C, int nb, const char *w, const char *x, size_t xs,
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
                 u[g] = _mm512_and_si512(v, lo4);
                 u[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            }
+            if (pd_r16_codebook(RT)) {   /* the nibbles are codebook indices: u = codebook + 128 */
+                const __m512i kv = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r16_codebook256(RT)));
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) u[h] = _mm512_shuffle_epi8(kv, u[h]);
             }
             if (pd_r16_has_hmask(RT)) {
                 const char *hm = blk + pd_r16_hmask_off(RT);
@@ -302,6 +308,8 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
 }
 
 PD_R16_MATMULS   /* the table's entry points over this file's matmul_r16 (kernels/x86/common.h) */
+PD_R16_MATMUL(matmul_iq4_nl_r16, PD_IQ4_NL_R16)
+PD_R16_MATMUL(matmul_mxfp4_r16, PD_MXFP4_R16)
 
 /* Q8_0 prefill: a register holds block b of two ROWS (row 2p in the low half, 2p + 1 in the
  * high half) against the column's block b in both halves. Each half then accumulates its row
@@ -376,6 +384,8 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * exported as pd_avx512_matmul_q2_k .. q6_k. */
 pd_matmul_fn_t pd_avx512_matmul_q2_k, pd_avx512_matmul_q3_k, pd_avx512_matmul_q4_k, pd_avx512_matmul_q5_k,
     pd_avx512_matmul_q6_k;
+/* x86/avx512_iq4.c and x86/avx512_kquant.c: the codebook formats IQ4_NL, MXFP4 and IQ4_XS. */
+pd_matmul_fn_t pd_avx512_matmul_iq4_nl, pd_avx512_matmul_mxfp4, pd_avx512_matmul_iq4_xs;
 /* x86/avx512_kr16.c: Q4_K and Q6_K repacked by 16 rows. */
 pd_matmul_fn_t pd_avx512_matmul_q4_k_r16, pd_avx512_matmul_q6_k_r16;
 
@@ -558,6 +568,9 @@ void pd_avx512_attn_accum_mh(int kv_type, int nh, int hd, float *out, const floa
 const pd_kernels pd_kernels_avx512 = PD_TABLE_OVER_AVX2(
     "avx512", PD_BLOCK_MATMULS_OWN, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,
     .matmul[PD_F32] = matmul_f32, .matmul[PD_F16] = matmul_f16, .matmul[PD_BF16] = matmul_bf16,
+    .matmul[PD_IQ4_NL] = pd_avx512_matmul_iq4_nl, .matmul[PD_IQ4_XS] = pd_avx512_matmul_iq4_xs,
+    .matmul[PD_MXFP4] = pd_avx512_matmul_mxfp4, .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16,
+    .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16,
     .matmul[PD_Q4_K_R16] = pd_avx512_matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = pd_avx512_matmul_q6_k_r16,
     .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above,
     .attn_scores_mh = pd_avx512_attn_scores_mh, .attn_accum_mh = pd_avx512_attn_accum_mh);

@@ -24,6 +24,7 @@ AI __m512i kscale_idx(int T, int j) {
     int s[4];
     if (T == T_Q2_K || T == T_Q3_K) { s[0] = 2 * j; s[1] = 2 * j + 1; s[2] = 8 + 2 * j; s[3] = 9 + 2 * j; }
     else if (T == T_Q6_K) { s[0] = 4 * j; s[1] = 4 * j + 1; s[2] = 4 * j + 2; s[3] = 4 * j + 3; }
+    else if (T == T_IQ4_XS) { const int b0 = j < 2 ? 0 : 4; s[0] = b0; s[1] = b0 + 1; s[2] = b0 + 2; s[3] = b0 + 3; }
     else { const int t0 = j < 2 ? j : j + 2; s[0] = s[1] = t0; s[2] = s[3] = t0 + 2; }   /* Q4/5_K */
     return _mm512_set_epi16(s[3], s[3], s[3], s[3], s[3], s[3], s[3], s[3],
                             s[2], s[2], s[2], s[2], s[2], s[2], s[2], s[2],
@@ -36,6 +37,11 @@ AI void act_k(int T, const pd_q8k *xb, __m512i a[4]) {
     const __m512i x0 = _mm512_loadu_si512(xb->qs), x1 = _mm512_loadu_si512(xb->qs + 64),
                   x2 = _mm512_loadu_si512(xb->qs + 128), x3 = _mm512_loadu_si512(xb->qs + 192);
     if (T == T_Q6_K) { a[0] = x0; a[1] = x1; a[2] = x2; a[3] = x3; return; }
+    if (T == T_IQ4_XS) {                   /* first / second halves of sub-blocks 0..3, then 4..7 */
+        a[0] = _mm512_shuffle_i64x2(x0, x1, 0x88); a[1] = _mm512_shuffle_i64x2(x0, x1, 0xdd);
+        a[2] = _mm512_shuffle_i64x2(x2, x3, 0x88); a[3] = _mm512_shuffle_i64x2(x2, x3, 0xdd);
+        return;
+    }
     if (T == T_Q4_K || T == T_Q5_K) {      /* 0|2, 1|3, 4|6, 5|7 */
         a[0] = _mm512_shuffle_i64x2(x0, x1, 0x44); a[1] = _mm512_shuffle_i64x2(x0, x1, 0xee);
         a[2] = _mm512_shuffle_i64x2(x2, x3, 0x44); a[3] = _mm512_shuffle_i64x2(x2, x3, 0xee);
@@ -56,9 +62,29 @@ AI __m512i kbit_sel(int T, int j) {
                               _mm256_set1_epi8((char)(1 << t1)), 1);
 }
 
-/* One row's super-block: the 4 unsigned quant registers and the 16 int16 scales. */
-AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mins16) {
+/* One row's super-block: the 4 unsigned quant registers and the 16 int16 scales. IQ4_XS (signed
+ * codebook values w): u = |w| and neg the bytes where w < 0, whose activations the tile negates
+ * (AVX-512 has no vpsignb): |w| * (a * sign(w)) = w * a, pair sums <= 2 * 127 * 127. Its 8
+ * sub-block scales are sc16's words 0..7; u[0], u[1] hold the low / high nibbles of sub-blocks
+ * 0..3 (one per 128-bit lane), u[2], u[3] those of 4..7. */
+AI void kunpack(int T, const char *blk, __m512i u[4], __m256i *sc16, __m256i *mins16, __mmask64 neg[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (T == T_IQ4_XS) {   /* |w| by a table of |codebook|; w < 0 exactly for the indices 0..7 */
+        *sc16 = iq4xs_scales16(blk);
+        const __m512i kabs = _mm512_abs_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pd_kvalues_iq4nl)));
+        const __m512i b3 = _mm512_set1_epi8(8);
+        const char *qs = blk + offsetof(pd_block_iq4_xs, qs);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = _mm512_loadu_si512(qs + 64 * h);
+            const __m512i n0 = _mm512_and_si512(v, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            neg[2 * h] = _mm512_testn_epi8_mask(n0, b3);
+            neg[2 * h + 1] = _mm512_testn_epi8_mask(n1, b3);
+            u[2 * h] = _mm512_shuffle_epi8(kabs, n0);
+            u[2 * h + 1] = _mm512_shuffle_epi8(kabs, n1);
+        }
+        return;
+    }
     if (T == T_Q4_K || T == T_Q5_K) {
         const __m128i scm = scales_k4(blk + 4);
         *sc16 = _mm256_cvtepu8_epi16(scm);   /* sc0..7, m0..7 */
@@ -148,7 +174,8 @@ AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char
             for (size_t o = 0; o < bb; o += 64) _mm_prefetch(pf.p + r * ws + o, _MM_HINT_T0);
             __m512i u[4];
             __m256i sc16, mins16 = _mm256_setzero_si256();
-            kunpack(T, wb + r * ws, u, &sc16, &mins16);
+            __mmask64 neg[4];
+            kunpack(T, wb + r * ws, u, &sc16, &mins16, neg);
             __m512i scv[4];
             const __m512i s512 = _mm512_castsi256_si512(sc16);
 #pragma GCC unroll 4
@@ -157,7 +184,11 @@ AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char
             for (int c = 0; c < C; c++) {
                 __m512i s = _mm512_setzero_si512();
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u[j], a[c][j]), scv[j]);
+                for (int j = 0; j < 4; j++) {
+                    const __m512i aj = T == T_IQ4_XS ? _mm512_mask_sub_epi8(a[c][j], neg[j], _mm512_setzero_si512(), a[c][j])
+                                                     : a[c][j];
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u[j], aj), scv[j]);
+                }
                 __m256i f = fold(s);
                 if (T == T_Q3_K || T == T_Q6_K)   /* stored offset off = 4 / 32 */
                     f = _mm256_sub_epi32(f, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs[c]), T == T_Q3_K ? 2 : 5));
@@ -171,6 +202,7 @@ AI void tile_k(int T, int R, int C, int nb, const char *w, size_t ws, const char
 }
 
 PD_K_MATMULS   /* matmul_q2_k .. matmul_q6_k over tile_k (tiles.h) */
+PD_K_MATMUL(matmul_iq4_xs, T_IQ4_XS)
 
 /* For the table in x86/avx512.c. */
 #define PD_AVX512_EXPORT(fn) extern __typeof__(fn) pd_avx512_##fn __attribute__((alias(#fn)));
@@ -179,4 +211,5 @@ PD_AVX512_EXPORT(matmul_q3_k)
 PD_AVX512_EXPORT(matmul_q4_k)
 PD_AVX512_EXPORT(matmul_q5_k)
 PD_AVX512_EXPORT(matmul_q6_k)
+PD_AVX512_EXPORT(matmul_iq4_xs)
 #endif

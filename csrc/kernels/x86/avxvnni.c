@@ -50,11 +50,13 @@
 
 /* ---------------------------------------------------------------- block formats x pd_q8 */
 
-AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : T == T_Q8_0 ? 128 : 0; }
+AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : signed_quants(T) ? 128 : 0; }
 
-/* A block's 32 quants as unsigned bytes (the signed quant is u - offset(T)). */
+/* A block's 32 quants as unsigned bytes (the signed quant is u - offset(T)); the codebook
+ * formats look their nibbles up in the table + 128. */
 AI __m256i unpack(int T, const char *blk) {
     switch (T) {
+    case T_IQ4_NL: case T_MXFP4: return codebook_lookup(T, blk, 1);
     case T_Q4_0: return nibbles(blk + 2);
     case T_Q4_1: return nibbles(blk + 4);
     case T_Q5_0: return _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
@@ -77,7 +79,7 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
     pd_pf pf = pf_init(w, nb * bb, ws);
     for (int b = 0; b < nb; b++, pf_advance(&pf, bb)) {
         const char *wb = w + b * bb;
-        const __m128 dw = load_h4(wb, ws, R);
+        const __m128 dw = load_scale4(T, wb, ws, R);
         const __m128 mw = has_min(T) ? load_h4(wb + 2, ws, R) : _mm_setzero_ps();
         __m256i xq[QCMAX], seed[QCMAX];
         __m256 dd[QCMAX];
@@ -118,6 +120,8 @@ PD_Q_MATMUL(matmul_q4_1, T_Q4_1)
 PD_Q_MATMUL(matmul_q5_0, T_Q5_0)
 PD_Q_MATMUL(matmul_q5_1, T_Q5_1)
 PD_Q_MATMUL(matmul_q8_0_tiles, T_Q8_0)
+PD_Q_MATMUL(matmul_iq4_nl, T_IQ4_NL)   /* the codebook formats: Q8_0's path on looked-up bytes */
+PD_Q_MATMUL(matmul_mxfp4, T_MXFP4)
 
 /* Q8_0 decode (one column) is memory-bound with the AVX2 loop already; this one (+15% from L3)
  * streamed ~10% slower from DRAM where it was measured (a Zen 5: faster loops on the byte-heavy
@@ -134,6 +138,7 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * (kernels/x86/kquant.h, see there) with vpdpwssd for vpmaddwd + vpaddd. */
 #define PD_KDOT(acc, pairs, sc) _mm256_dpwssd_avx_epi32((acc), (pairs), (sc))
 #include "kernels/x86/kquant.h"
+PD_K_MATMUL(matmul_iq4_xs, T_IQ4_XS)
 #define KR_KDOT PD_KDOT
 #define KR_BDOT _mm256_dpbusd_avx_epi32   /* kr16_256.h: the decode tile with 4-byte dots */
 #include "kernels/x86/kr16_256.h"
@@ -144,6 +149,7 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
 
 /* The rest is the AVX2 table's: activation quantization, the float formats and attention gain
  * nothing from VNNI (the header), nor do the sampler's passes. */
-const pd_kernels PD_AVXVNNI_TABLE = PD_TABLE_OVER_AVX2(PD_AVXVNNI_NAME, PD_BLOCK_MATMULS_OWN,
-    .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16);
+const pd_kernels PD_AVXVNNI_TABLE = PD_TABLE_OVER_AVX2(PD_AVXVNNI_NAME, PD_BLOCK_MATMULS_OWN, PD_IQ4_MATMULS_OWN,
+    .matmul[PD_Q4_K_R16] = matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = matmul_q6_k_r16,
+    .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16, .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16);
 #endif

@@ -51,13 +51,17 @@ AI __m128i reduce4(const __m256i v[4]) {
 
 /* ---- legacy block formats (x pd_q8): sizes, nibble / fifth-bit unpacking, f16 scales ---- */
 
-enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
+/* (T_IQ4_NL, T_MXFP4: the codebook formats of formats.h, also 32 values x pd_q8) */
+enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_MXFP4 };
 
 AI size_t blk_bytes(int T) {
     return T == T_Q4_0 ? sizeof(pd_block_q4_0) : T == T_Q4_1 ? sizeof(pd_block_q4_1)
          : T == T_Q5_0 ? sizeof(pd_block_q5_0) : T == T_Q5_1 ? sizeof(pd_block_q5_1)
+         : T == T_IQ4_NL ? sizeof(pd_block_iq4_nl) : T == T_MXFP4 ? sizeof(pd_block_mxfp4)
          : sizeof(pd_block_q8_0);
 }
+/* Formats whose unpacked weights are signed bytes (Q8_0 and the codebook ones). */
+AI int signed_quants(int T) { return T == T_Q8_0 || T == T_IQ4_NL || T == T_MXFP4; }
 
 AI int has_min(int T) { return T == T_Q4_1 || T == T_Q5_1; }
 
@@ -88,6 +92,43 @@ AI __m128 load_h4(const char *p, size_t stride, int R) {
                                        R > 3 ? (short)ld16(p + 3 * stride) : 0, 0, 0, 0, 0));
 }
 
+/* The E8M0 byte at p + r*stride for r < R as 2^(e - 128) (formats.h: pd_e8m0_half) in lanes
+ * 0..R-1 (zeros after): (e - 1) << 23 as float bits, or the subnormals 0x200000 << e for e < 2. */
+AI __m128 load_e4(const char *p, size_t stride, int R) {
+    const __m128i e = _mm_setr_epi32((uint8_t)p[0], R > 1 ? (uint8_t)p[stride] : 0,
+                                     R > 2 ? (uint8_t)p[2 * stride] : 0, R > 3 ? (uint8_t)p[3 * stride] : 0);
+    const __m128i big = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    const __m128i small = _mm_sllv_epi32(_mm_set1_epi32(0x200000), e);
+    const __m128i v = _mm_blendv_epi8(big, small, _mm_cmplt_epi32(e, _mm_set1_epi32(2)));
+    return _mm_and_ps(_mm_castsi128_ps(v), _mm_castsi128_ps(_mm_setr_epi32(-1, R > 1 ? -1 : 0, R > 2 ? -1 : 0,
+                                                                             R > 3 ? -1 : 0)));
+}
+/* 8 E8M0 bytes at p as 2^(e - 128) (load_e4's arithmetic): the rows' scales of a PD_MXFP4_R16 record. */
+AI __m256 load_e8(const char *p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+/* A block's scale for rows 0..R-1 of a tile: f16 at the block's start, MXFP4's E8M0 byte. */
+AI __m128 load_scale4(int T, const char *p, size_t stride, int R) {
+    return T == T_MXFP4 ? load_e4(p, stride, R) : load_h4(p, stride, R);
+}
+
+/* The codebook formats: where a block's nibbles start, and the 16-entry table in both 128-bit
+ * lanes, + 128 where `biased` (the unsigned bytes the VNNI kernels dot, with the offset 128 removed
+ * as Q8_0's); vpshufb of the nibbles (nibbles()) into it is the table lookup. */
+AI size_t cb_qs_off(int T) { return T == T_MXFP4 ? offsetof(pd_block_mxfp4, qs) : offsetof(pd_block_iq4_nl, qs); }
+AI __m256i codebook256(int T, int biased) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)(T == T_MXFP4 ? pd_kvalues_mxfp4 : pd_kvalues_iq4nl));
+    return _mm256_broadcastsi128_si256(biased ? _mm_xor_si128(t, _mm_set1_epi8((char)0x80)) : t);
+}
+AI __m256i codebook_lookup(int T, const char *blk, int biased) {
+    return _mm256_shuffle_epi8(codebook256(T, biased), nibbles(blk + cb_qs_off(T)));
+}
+/* The codebook table (+ 128) of a repacked codebook format, in both 128-bit lanes. */
+AI __m256i r16_codebook256(int RT) { return codebook256(RT == PD_MXFP4_R16 ? T_MXFP4 : T_IQ4_NL, 1); }
+
 AI __m256 bcast_lane(__m256 v2, int r) {   /* v2 holds the same 4 floats in both halves */
     switch (r) {
     case 0: return _mm256_shuffle_ps(v2, v2, 0x00);
@@ -99,12 +140,18 @@ AI __m256 bcast_lane(__m256 v2, int r) {   /* v2 holds the same 4 floats in both
 
 /* ---- K-quant block layouts: sizes, scale offsets and the packed 6-bit / Q3_K scales ---- */
 
-enum { T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K };
+/* (T_IQ4_XS: the codebook K-format of formats.h, d at 0, no minimum) */
+enum { T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_XS };
 
 AI size_t kblk_bytes(int T) {
     return T == T_Q2_K ? sizeof(pd_block_q2_k) : T == T_Q3_K ? sizeof(pd_block_q3_k)
          : T == T_Q4_K ? sizeof(pd_block_q4_k) : T == T_Q5_K ? sizeof(pd_block_q5_k)
-         : sizeof(pd_block_q6_k);
+         : T == T_IQ4_XS ? sizeof(pd_block_iq4_xs) : sizeof(pd_block_q6_k);
+}
+/* IQ4_XS's 8 sub-block scales (ls - 32) as int16, the same in both 128-bit halves. */
+AI __m256i iq4xs_scales16(const char *blk) {
+    const __m128i ls = _mm_cvtsi64_si128((long long)pd_iq4xs_scales_u8((const pd_block_iq4_xs *)blk));
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_sub_epi8(ls, _mm_set1_epi8(32))));
 }
 AI int k_has_min(int T) { return T == T_Q2_K || T == T_Q4_K || T == T_Q5_K; }
 AI size_t k_d_off(int T) {   /* byte offset of d; dmin follows it (formats with a minimum) */

@@ -37,6 +37,17 @@ AI void kchunk(int C, __m256i u, __m256i sc, const pd_q8k *const *xb, int t, __m
     }
 }
 
+/* kchunk for signed weights w (IQ4_XS's codebook values): vpmaddubsw takes |w| and the activations
+ * with w's sign (pair sums <= 2 * 127 * 127 fit int16), as the Q8_0 kernels do. */
+AI void kchunk_signed(int C, __m256i w, __m256i sc, const pd_q8k *const *xb, int t, __m256i *isum) {
+    const __m256i aw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(xb[c]->qs + 32 * t));
+        isum[c] = PD_KDOT(isum[c], _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), sc);
+    }
+}
+
 /* One row's super-block at blk against the C column blocks xb[c]: 8-lane int32 partial sums of
  * sum_s sc[s]*(q.a)_s (offsets removed) into isum[c], of sum_s m[s]*bsums[s] into msum[c]. */
 AI void krow(int T, int C, const char *blk, const pd_q8k *const *xb, __m256i *isum,
@@ -44,6 +55,15 @@ AI void krow(int T, int C, const char *blk, const pd_q8k *const *xb, __m256i *is
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0f);
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) isum[c] = msum[c] = _mm256_setzero_si256();
+    if (T == T_IQ4_XS) {   /* 8 sub-blocks of 32: 16 nibble bytes each through the codebook */
+        const __m256i sc = iq4xs_scales16(blk);
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++)
+            kchunk_signed(C, _mm256_shuffle_epi8(codebook256(T_IQ4_NL, 0),
+                                                 nibbles(blk + offsetof(pd_block_iq4_xs, qs) + 16 * ib)),
+                          bcast16(sc, ib, ib), xb, ib, isum);
+        return;
+    }
     if (T == T_Q4_K || T == T_Q5_K) {
         const __m128i scm = scales_k4(blk + 4);
         const __m256i sc = lo_both(_mm256_cvtepu8_epi16(scm));

@@ -45,7 +45,7 @@ AI void r16_block_scales(int RT, const char *blk, int half, __m256 *dw, __m256 *
     const size_t rb = pd_r16_bytes(RT);
 #pragma GCC unroll 9
     for (size_t off = 0; off < rb; off += 64) _mm_prefetch(blk + 8 * rb + off, _MM_HINT_T0);
-    *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+    *dw = RT == PD_MXFP4_R16 ? load_e8(blk + 8 * half) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
     *mw = pd_r16_has_min(RT) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + pd_r16_m_off(RT) + 16 * half)))
                              : _mm256_mul_ps(*dw, _mm256_set1_ps((float)-pd_r16_offset(RT)));
 }
@@ -76,6 +76,10 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
                 u[g] = _mm256_and_si256(v, lo4);
                 u[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
             }
+            if (pd_r16_codebook(RT)) {   /* the codebook formats: u = codebook[nibble] + 128 */
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) u[h] = _mm256_shuffle_epi8(r16_codebook256(RT), u[h]);
+            }
             if (pd_r16_has_hmask(RT)) {
                 const char *hm = blk + pd_r16_hmask_off(RT) + 4 * half;
 #pragma GCC unroll 8
@@ -90,7 +94,7 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
         for (int c = 0; c < C; c++) {
             const pd_q8 *xb = (const pd_q8 *)(x + c * xs) + b;
             __m256i s0, s1;
-            if (RT == PD_Q8_0_R16) {
+            if (RT == PD_Q8_0_R16 || pd_r16_codebook(RT)) {   /* unsigned bytes up to 255 */
                 s0 = R16_DOT_Q8(R16_Q8_SEED(xb), u[0], xb->qs);
                 s1 = R16_DOT_Q8(_mm256_setzero_si256(), u[4], xb->qs + 16);
 #pragma GCC unroll 3
@@ -133,15 +137,16 @@ AI void tile_r16_half(int RT, int C, int nb, const char *w, int half, const char
 }
 
 #if R16_HAS_PAIRS
-/* Q8_0 where R16_PAIRS is defined (AVX2): u = w + 128 does not fit vpmaddubsw's signed pair sum
+/* Q8_0 (and the codebook formats, whose u = codebook + 128 is looked up from the record's nibbles
+ * first) where R16_PAIRS is defined (AVX2): u = w + 128 does not fit vpmaddubsw's signed pair sum
  * (2 * 255 * 127 > 32767), so each unsigned byte is split into nibbles, u = 16 hi + lo, each
  * nibble's dots summed in int16 over the block's 8 registers as the 4-bit formats do and widened
  * once: sum(u * a) = sum(lo * a) + 16 sum(hi * a), exactly the integer of the other tables. One
  * register of weights at a time, the columns inner, so the int16 sums of 4 columns stay in
  * registers. Against the sign trick (abs, sign, vpmaddubsw, vpmaddwd and the seed per dot and
  * column) this is two vpmaddubsw and two vpaddw per dot and column. */
-AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
-    const size_t rb = pd_r16_bytes(PD_Q8_0_R16);
+AI void tile_r16_q8_half(int RT, int C, int nb, const char *w, int half, const char *x, size_t xs, float *y, size_t ys) {
+    const size_t rb = pd_r16_bytes(RT);
     const __m256i lo4 = _mm256_set1_epi8(0x0f);
     __m256 acc[4];
 #pragma GCC unroll 4
@@ -149,12 +154,18 @@ AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, 
     for (int b = 0; b < nb; b++) {
         const char *blk = w + (size_t)b * rb;
         __m256 dw, mw;
-        r16_block_scales(PD_Q8_0_R16, blk, half, &dw, &mw);
-        const char *qs = blk + pd_r16_qs_off(PD_Q8_0_R16) + 32 * half;
+        r16_block_scales(RT, blk, half, &dw, &mw);
+        const char *qs = blk + pd_r16_qs_off(RT) + 32 * half;
         __m256i pl[4], ph[4];
 #pragma GCC unroll 8
         for (int h = 0; h < 8; h++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h));
+            __m256i v;
+            if (pd_r16_codebook(RT)) {   /* register h: the low (h < 4) or high nibbles of qs register h % 4 */
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * (h & 3)));
+                v = _mm256_shuffle_epi8(r16_codebook256(RT), _mm256_and_si256(h < 4 ? raw : _mm256_srli_epi16(raw, 4), lo4));
+            } else {
+                v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h));
+            }
             const __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
@@ -177,7 +188,8 @@ AI void tile_r16_q8_half(int C, int nb, const char *w, int half, const char *x, 
 }
 /* (decode, one column: the sign trick is shorter there) */
 #define R16_TILE(RT, C, ...) \
-    ((RT) == PD_Q8_0_R16 && (C) > 1 ? tile_r16_q8_half(C, __VA_ARGS__) : tile_r16_half(RT, C, __VA_ARGS__))
+    (((RT) == PD_Q8_0_R16 || pd_r16_codebook(RT)) && (C) > 1 ? tile_r16_q8_half(RT, C, __VA_ARGS__) \
+                                                             : tile_r16_half(RT, C, __VA_ARGS__))
 #else
 #define R16_TILE(RT, C, ...) tile_r16_half(RT, C, __VA_ARGS__)
 #endif
@@ -190,4 +202,6 @@ AI void matmul_r16(int RT, int k, const void *w, size_t ws, int nrows, const voi
 }
 
 PD_R16_MATMULS   /* the table's entry points over matmul_r16 (kernels/x86/common.h) */
+PD_R16_MATMUL(matmul_iq4_nl_r16, PD_IQ4_NL_R16)   /* the codebook formats' records */
+PD_R16_MATMUL(matmul_mxfp4_r16, PD_MXFP4_R16)
 #endif
