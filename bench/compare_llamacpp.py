@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,14 +56,16 @@ DEFAULT_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-
 # ---------------------------------------------------------------- llama.cpp
 
 def llama_bench(binary: str, path: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
-                depth: int, kv_type: str = "f16") -> dict:
-    """One llama-bench run: {'pp': [t/s per rep], 'tg': [...], 'info': first JSON record}."""
+                depth: int, kv_type: str = "f16", bench_args: tuple = ()) -> dict:
+    """One llama-bench run: {'pp': [t/s per rep], 'tg': [...], 'info': first JSON record}.
+    bench_args: appended as they are (ik_llama.cpp's llama-bench: `-rtr 1`)."""
     cmd = [binary, "-m", str(path), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
            "-r", str(reps), "-o", "json"]
     if depth:
         cmd += ["-d", str(depth)]
     if kv_type != "f16":
         cmd += ["-ctk", kv_type, "-ctv", kv_type]
+    cmd += list(bench_args)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -130,7 +133,7 @@ def _stats(xs):
     return (max(xs), statistics.median(xs)) if xs else (float("nan"), float("nan"))
 
 
-def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log, kv_type="f16"):
+def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log, kv_type="f16", bench_args=()):
     res = {"model": path.name, "threads": threads, "depth": depth,
            "llama": {"pp": [], "tg": []}, "pydecode": {"pp": [], "tg": []}}
     for r in range(rounds):
@@ -138,7 +141,7 @@ def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log, kv
         for tool in order:
             t0 = time.perf_counter()
             if tool == "llama":
-                out = llama_bench(binary, path, threads, n_prompt, n_gen, reps, depth, kv_type)
+                out = llama_bench(binary, path, threads, n_prompt, n_gen, reps, depth, kv_type, bench_args)
                 res["llama_info"] = out["info"]
             else:
                 out = pydecode_run(path, threads, n_prompt, n_gen, reps, depth, kv_type)
@@ -217,8 +220,13 @@ def main():
                     help="add the synthetic laptop-size models (bench/synthetic.py: Llama-3.2-3B and, with "
                          "--synthetic-8b, Llama-3.1-8B, Q4_K_M, real vocabulary), written to DIR once")
     ap.add_argument("--synthetic-8b", action="store_true")
+    ap.add_argument("--synthetic-shape", nargs="+", metavar="SHAPE[:MIX[:LAYERS]]",
+                    help="with --synthetic: these bench/synthetic.py files instead (real vocabulary), e.g. "
+                         "qwen3-30b-a3b:q4_k_m:24 gpt-oss-20b qwen3-4b (mix default the shape's usual: q4_k_m, gpt-oss-20b mxfp4; all layers)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"],
                     help="KV cache of both tools (llama-bench -ctk/-ctv; pydecode kv_type)")
+    ap.add_argument("--bench-args", default="",
+                    help="more llama-bench arguments, e.g. '-rtr 1' for ik_llama.cpp's (its fastest CPU path)")
     ap.add_argument("--json", help="write every sample and llama-bench's metadata here")
     ap.add_argument("--tabulate", nargs="+", metavar="JSON",
                     help="run nothing: pool the samples of earlier --json files (same model, threads, "
@@ -244,11 +252,17 @@ def main():
     if a.synthetic:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import synthetic
-        for shape in ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else []):
-            out = Path(a.synthetic) / f"{shape}-q4_k_m.gguf"
+        specs = a.synthetic_shape or ["llama-3.2-3b"] + (["llama-3.1-8b"] if a.synthetic_8b else [])
+        for spec in specs:
+            shape, mix, layers = (spec.split(":") + ["", ""])[:3]
+            mix = mix or (synthetic.SHAPES[shape].default_mix if shape in synthetic.SHAPES else "")
+            if shape not in synthetic.SHAPES or mix not in synthetic.MIXES:
+                ap.error(f"--synthetic-shape {spec}: shapes {sorted(synthetic.SHAPES)}, mixes {synthetic.MIXES}")
+            cut = f"-{layers}l" if layers else ""
+            out = Path(a.synthetic) / f"{shape}{cut}-{mix}.gguf"
             if not out.exists():
                 out.parent.mkdir(parents=True, exist_ok=True)
-                synthetic.write(shape, "q4_k_m", out, vocab=128256)
+                synthetic.write(shape, mix, out, vocab=synthetic.SHAPES[shape].n_vocab, layers=int(layers or 0) or None)
             paths.append(out)
 
     def log(msg):
@@ -266,7 +280,8 @@ def main():
             for depth in a.depth:
                 for t in a.threads:
                     log(f"[{label}] {path.name}  threads {t}  depth {depth}")
-                    results.append(compare(binary, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds, depth, log, a.kv_type))
+                    results.append(compare(binary, path, t, a.n_prompt, a.n_gen, a.reps, a.rounds, depth, log, a.kv_type,
+                                           tuple(shlex.split(a.bench_args))))
                     results[-1]["table"] = label
         all_results[label] = results
         info = results[0].get("llama_info", {}) if results else {}

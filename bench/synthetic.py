@@ -1,79 +1,134 @@
-"""Synthetic GGUFs of real laptop-size shapes, for decode benchmarks of models we cannot download.
+"""Synthetic GGUFs of real model shapes, for benchmarks and checks of models we cannot download.
 
     python bench/synthetic.py llama-3.2-3b -o /tmp/llama-3.2-3b-q4_k_m.gguf
-    python bench/synthetic.py llama-3.1-8b --mix q4_0 -o /tmp/llama-3.1-8b-q4_0.gguf
-    python bench/synthetic.py qwen2.5-7b -o /tmp/qwen2.5-7b-q4_k_m.gguf
+    python bench/synthetic.py qwen3-30b-a3b --layers 8 -o /tmp/qwen3-30b-a3b-8l-q4_k_m.gguf
+    python bench/synthetic.py gpt-oss-20b --mix mxfp4 --vocab 201088 -o /tmp/gpt-oss-20b-mxfp4.gguf
+    python bench/synthetic.py llama-3.2-1b --mix iq4_xs -o /tmp/llama-3.2-1b-iq4_xs.gguf
     python bench/synthetic.py tiny -o /tmp/tiny.gguf          # 2 layers: what the tests load
 
-The tensors have the shapes of the real model and the types of llama.cpp's quantization mix
-(q4_k_m: Q4_K, with Q6_K for the output head and for attn_v / ffn_down of the layers llama.cpp
-gives more bits: the first and last eighth and every third in between; q4_0, q8_0: every matrix
-in that type, the head Q6_K as llama.cpp does). Their blocks are random bytes whose f16 scales
-are set to small sane values, so every kernel streams real bytes in the real layout and the
-logits stay finite; the text is noise. The tokenizer (and its vocabulary size) is copied from a
-registry model: SmolLM2's (49152 tokens) for the llama shapes, Qwen2.5's for qwen2.5-7b, so
-the embedding and head are smaller than the real ones (128256 / 152064 rows) unless
---vocab pads the token list with unused tokens. llama.cpp loads the same files.
+Shapes (bench/synthetic_shapes.py): llama-3.2-3b, llama-3.1-8b, qwen2.5-7b, tiny, qwen3-0.6b,
+qwen3-4b, qwen3-30b-a3b (128 experts, top 8), gpt-oss-20b (32 experts, top 4, MXFP4 experts,
+attention sinks, sliding-window 128 / full layers, YaRN), llama-3.2-1b (llama3 RoPE scaling,
+rope_freqs.weight), phi-4-mini (fused attn_qkv and gate+up, LongRoPE factors, 96 of 128 dims
+rotated). `--layers N` keeps the first N layers. The tensors have the shapes of the real model
+and the types llama.cpp's quantizer gives them for the mix (q4_k_m, q4_0, q8_0, iq4_xs, iq4_nl,
+mxfp4; see synthetic_shapes.tensor_type). Their blocks are random bytes whose scales are set so
+each matrix's entries have an RMS of about 1/sqrt(row length) (the head 4x that, so the logits
+spread a few nats): every kernel streams real bytes in the real layout, activations keep their
+size through the layers and the logits stay finite; the text is noise. The tokenizer is the family's
+where one is at hand (llama.cpp's Qwen2 vocabulary for Qwen3, its Llama 3 BPE, OpenAI's o200k for
+gpt-oss and Phi-4-mini), else a registry model's; --vocab pads its token list with unused tokens
+(e.g. to the real 201088 of gpt-oss).
+llama.cpp loads these files (bench/README.md).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT, GGUFValueType, GGUFWriter, quants
 
-SHAPES = {
-    # name: arch, layers, embd, ff, heads, kv heads, head dim, rope base, tied head, tokenizer source
-    "llama-3.2-3b": ("llama", 28, 3072, 8192, 24, 8, 128, 500000.0, True, "smollm2-135m"),
-    "llama-3.1-8b": ("llama", 32, 4096, 14336, 32, 8, 128, 500000.0, False, "smollm2-135m"),
-    "qwen2.5-7b": ("qwen2", 28, 3584, 18944, 28, 4, 128, 1000000.0, False, "qwen2.5-coder-0.5b"),
-    "tiny": ("llama", 2, 256, 512, 4, 2, 64, 10000.0, True, "smollm2-135m"),
-}
-MIXES = ("q4_k_m", "q4_0", "q8_0")
-# byte offset of each block's f16 scale d (and of dmin, for the formats that have one)
-D_OFFSET = {QT.Q4_0: 0, QT.Q8_0: 0, QT.Q4_K: 0, QT.Q6_K: 208}
-DMIN_OFFSET = {QT.Q4_K: 2}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_shapes import (FILE_TYPE, MIXES, SHAPES, Shape, llama3_rope_factors, longrope_factors,  # noqa: E402
+                              metadata, more_bits, plan, tensor_type)
 
+__all__ = ["SHAPES", "MIXES", "Shape", "write", "plan_types", "more_bits", "tensor_type", "random_blocks"]
 
-def more_bits(layer: int, n_layer: int) -> bool:
-    """llama.cpp's use_more_bits: the layers a Q4_K_M file keeps attn_v / ffn_down in Q6_K."""
-    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+# byte offset of each block's f16 scale d, and of its second f16 (dmin or m) with the factor that
+# makes the block's entries average about zero (for Q4_K: E[q] = 7.5 of 0..15, so dmin = 7.5 d)
+D_OFFSET = {QT.Q4_0: 0, QT.Q4_1: 0, QT.Q5_0: 0, QT.Q5_1: 0, QT.Q8_0: 0, QT.Q2_K: 80, QT.Q3_K: 108,
+            QT.Q4_K: 0, QT.Q5_K: 0, QT.Q6_K: 208, QT.IQ4_NL: 0, QT.IQ4_XS: 0}
+SECOND = {QT.Q4_1: (2, -7.5), QT.Q5_1: (2, -15.5), QT.Q2_K: (82, 1.5), QT.Q4_K: (2, 7.5), QT.Q5_K: (2, 15.5)}
+HEAD_GAIN = 4.0
 
 
-def tensor_type(name: str, layer: int, n_layer: int, mix: str) -> QT:
-    if name == "output.weight":
-        return QT.Q8_0 if mix == "q8_0" else QT.Q6_K
-    if mix == "q4_0":
-        return QT.Q4_0
-    if mix == "q8_0":
-        return QT.Q8_0
-    if name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, n_layer):
-        return QT.Q6_K
-    return QT.Q4_K
+@lru_cache(maxsize=None)
+def unit_rms(qtype: QT) -> float:
+    """RMS of the dequantized entries of random blocks whose scale is 1 (MXFP4: exponent 127)."""
+    w = _with_scales(qtype, np.random.default_rng(1).integers(0, 256, (512, GGML_QUANT_SIZES[qtype][1]), np.uint8),
+                     np.ones(512))
+    return float(np.sqrt(np.mean(quants.dequantize(w.reshape(1, -1), qtype).astype(np.float64) ** 2)))
 
 
-def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """rows x cols values of qtype as raw bytes: random quants, f16 scales of about 1/(8 sqrt(cols))."""
+def _with_scales(qtype: QT, w: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Write scale d[i] into block i of w (n_blocks x block bytes), in place."""
+    if qtype == QT.MXFP4:   # e8m0: one exponent byte, 2^(e-127)
+        w[:, 0] = np.clip(127 + np.round(np.log2(d)), 1, 254).astype(np.uint8)
+        return w
+    off = D_OFFSET[qtype]
+    w[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if qtype in SECOND:
+        off2, k = SECOND[qtype]
+        w[:, off2:off2 + 2] = (d * k).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return w
+
+
+def random_blocks(qtype: QT, dims: tuple, rng: np.random.Generator, rms: float | None = None) -> np.ndarray:
+    """A tensor of qtype as raw bytes (dims numpy order, last the row length): random quants, block
+    scales drawn around the value that gives entries of RMS `rms` (default 1/sqrt(row length))."""
+    cols = dims[-1]
+    rms = rms if rms is not None else 1.0 / np.sqrt(cols)
     block, nbytes = GGML_QUANT_SIZES[qtype]
-    w = rng.integers(0, 256, (rows, cols // block, nbytes), dtype=np.uint8)
-    scale = np.float16(1.0 / (8.0 * np.sqrt(cols)) / (16 if qtype in (QT.Q4_K, QT.Q6_K) else 4))
-    d = np.frombuffer(np.array([scale], np.float16).tobytes(), np.uint8)
-    w[:, :, D_OFFSET[qtype]:D_OFFSET[qtype] + 2] = d
-    if qtype in DMIN_OFFSET:
-        w[:, :, DMIN_OFFSET[qtype]:DMIN_OFFSET[qtype] + 2] = d
-    return w.reshape(rows, -1)
+    n = int(np.prod(dims)) // block
+    w = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    _with_scales(qtype, w, rms / unit_rms(qtype) * rng.uniform(0.5, 1.5, n))
+    return w.reshape(*dims[:-1], cols // block * nbytes)
 
 
-def copy_tokenizer(writer: GGUFWriter, src: Path, vocab: int | None) -> int:
-    """The tokenizer.* keys of src; returns the vocabulary size (padded to vocab if given)."""
-    r = GGUFReader(src)
+def _conformance():
+    """tests/conformance.py, which fetches llama.cpp's vocabulary suite and the o200k vocabulary."""
+    spec = importlib.util.spec_from_file_location("conformance", Path(__file__).resolve().parents[1] / "tests" / "conformance.py")
+    conformance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conformance)
+    return conformance
+
+
+def tokenizer_file(name: str) -> Path:
+    """A ggml-vocab-*.gguf of llama.cpp's suite (fetched by tests/conformance.py), else a registry model."""
+    from pydecode.registry import model_path, models_dir
+
+    if not name.endswith(".gguf"):
+        return model_path(name)
+    path = models_dir().parent / "conformance" / "tokenizer" / name
+    return path if path.exists() else _conformance().tokenizer_dir() / name
+
+
+@lru_cache(maxsize=8)
+def _tokenizer_keys(src: str) -> tuple:
+    """The tokenizer.* keys of a tokenizer source (SHAPES' `tokenizer`), read with pydecode's reader
+    (gguf's GGUFReader takes ~20 s on a 151k-token vocabulary); "o200k": OpenAI's vocabulary as
+    tests/conformance.py builds its GGUF metadata (gpt-4o pre-tokenizer, gpt-oss's harmony specials)."""
+    from pydecode.gguf_file import GGUFFile
+
+    if src == "o200k":
+        return tuple(_conformance().o200k_metadata().items())
+    f = GGUFFile(tokenizer_file(src))
+    try:
+        return tuple((k, v) for k, v in f.metadata.items() if k.startswith("tokenizer."))
+    finally:
+        f.close()
+
+
+def _gguf_type(val) -> tuple:
+    """(type, array element type) of a metadata value as the converters write them: token ids
+    uint32, token types int32, scores float32."""
+    kinds = {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFValueType.FLOAT32,
+             str: GGUFValueType.STRING}
+    if isinstance(val, list):
+        first = type(val[0]) if val else str
+        return GGUFValueType.ARRAY, (GGUFValueType.INT32 if first is int else kinds[first])
+    return kinds[type(val)], None
+
+
+def copy_tokenizer(writer: GGUFWriter, src: str, vocab: int | None) -> int:
+    """The tokenizer.* keys of tokenizer source src; returns the vocabulary size (padded to vocab if given)."""
     n = 0
-    for key, f in r.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        val = f.contents()
+    for key, val in _tokenizer_keys(str(src)):
         if key == "tokenizer.ggml.tokens":
             n = len(val)
             if vocab and vocab > n:
@@ -81,58 +136,87 @@ def copy_tokenizer(writer: GGUFWriter, src: Path, vocab: int | None) -> int:
                 n = vocab
         elif key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores") and vocab and vocab > len(val):
             val = list(val) + ([4] if key.endswith("type") else [0.0]) * (vocab - len(val))   # 4: unused
-        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, val, f.types[0], sub_type=sub)
+        vtype, sub = _gguf_type(val)
+        writer.add_key_value(key, val, vtype, sub_type=sub)
     return n
 
 
-def write(shape: str, mix: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path:
-    from pydecode.registry import model_path
+def _add_kv(w: GGUFWriter, key: str, val) -> None:
+    if isinstance(val, bool):
+        w.add_bool(key, val)
+    elif isinstance(val, int):
+        w.add_uint32(key, val)
+    elif isinstance(val, float):
+        w.add_float32(key, val)
+    else:
+        w.add_string(key, val)
 
-    arch, n_layer, d, ff, nh, nkv, hd, base, tied, tok = SHAPES[shape]
+
+def _shape(shape: str | Shape) -> tuple[str, Shape]:
+    return (shape, SHAPES[shape]) if isinstance(shape, str) else (shape.arch, shape)
+
+
+def plan_types(shape: str | Shape, mix: str, n_vocab: int, layers: int | None = None) -> dict:
+    """name -> (numpy dims, type) of every tensor of the file write() makes (no bytes made)."""
+    _, s = _shape(shape)
+    n_layer = min(layers or s.n_layer, s.n_layer)
+    return {t.name: (t.dims, tensor_type(t.name, t.dims, t.layer, n_layer, mix, s)) for t in plan(s, n_layer, n_vocab)}
+
+
+def _values(t, s: Shape, qtype: QT, rng: np.random.Generator) -> np.ndarray:
+    """The bytes or floats of one planned tensor."""
+    if t.kind == "mat" and qtype not in (QT.F32, QT.F16):
+        gain = HEAD_GAIN if t.name == "output.weight" or (s.tied and t.name == "token_embd.weight") else 1.0
+        return random_blocks(qtype, t.dims, rng, gain / np.sqrt(t.dims[-1]))
+    if t.kind in ("mat", "router"):
+        x = (rng.standard_normal(t.dims) / np.sqrt(t.dims[-1])).astype(np.float32)
+        return x.astype(np.float16) if qtype == QT.F16 else x
+    if t.kind == "ones":
+        return np.ones(t.dims, np.float32)
+    if t.kind == "bias":
+        return (rng.standard_normal(t.dims) * 0.02).astype(np.float32)
+    if t.kind == "sinks":   # a learned logit per head; gpt-oss's are of order one
+        return rng.standard_normal(t.dims).astype(np.float32)
+    if t.kind == "rope_freqs":
+        return np.array(llama3_rope_factors(s), np.float32)
+    return np.array(longrope_factors(t.dims[0], long=t.kind == "rope_long"), np.float32)
+
+
+def write(shape: str | Shape, mix: str, out: Path, vocab: int | None = None, seed: int = 0,
+          layers: int | None = None) -> Path:
+    """Write the synthetic file; shape is a SHAPES name or a Shape (the tests shrink real ones)."""
+    name, s = _shape(shape)
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r} (known: {', '.join(MIXES)})")
+    n_layer = min(layers or s.n_layer, s.n_layer)
+    if n_layer < 1:
+        raise ValueError("--layers must be at least 1")
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(out), arch)
-    w.add_name(f"synthetic {shape} {mix}")
-    n_vocab = copy_tokenizer(w, model_path(tok), vocab)
-    w.add_context_length(8192)
-    w.add_embedding_length(d)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_rope_freq_base(base)
-    w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type({"q4_k_m": 15, "q4_0": 2, "q8_0": 7}[mix])
+    w = GGUFWriter(str(out), s.arch)
+    cut = f" {n_layer} of {s.n_layer} layers" if n_layer < s.n_layer else ""
+    w.add_name(f"synthetic {name} {mix}{cut}")
+    n_vocab = copy_tokenizer(w, s.tokenizer, vocab)
+    for key, val in metadata(s, n_layer, n_vocab).items():
+        _add_kv(w, f"{s.arch}.{key}", val)
+    w.add_file_type(FILE_TYPE[mix])
     w.add_quantization_version(2)
-
-    def mat(name, rows, cols, layer=0):
-        t = tensor_type(name, layer, n_layer, mix)
-        w.add_tensor(name, random_blocks(t, rows, cols, rng), raw_dtype=t)
-
-    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
-    mat("token_embd.weight", n_vocab, d)
-    w.add_tensor("output_norm.weight", ones(d))
-    if not tied:
-        mat("output.weight", n_vocab, d)
-    for l in range(n_layer):
-        p = f"blk.{l}."
-        w.add_tensor(p + "attn_norm.weight", ones(d))
-        mat(p + "attn_q.weight", nh * hd, d, l)
-        mat(p + "attn_k.weight", nkv * hd, d, l)
-        mat(p + "attn_v.weight", nkv * hd, d, l)
-        if arch == "qwen2":
-            for n, rows in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
-                w.add_tensor(p + n + ".bias", (rng.standard_normal(rows) * 0.02).astype(np.float32))
-        mat(p + "attn_output.weight", d, nh * hd, l)
-        w.add_tensor(p + "ffn_norm.weight", ones(d))
-        mat(p + "ffn_gate.weight", ff, d, l)
-        mat(p + "ffn_up.weight", ff, d, l)
-        mat(p + "ffn_down.weight", d, ff, l)
+    tensors = plan(s, n_layer, n_vocab)
+    types = [tensor_type(t.name, t.dims, t.layer, n_layer, mix, s) for t in tensors]
+    # tensor infos first, then each tensor's bytes made and written one at a time: a 30B file
+    # never has to fit in memory
+    for t, q in zip(tensors, types):
+        if q in (QT.F32, QT.F16):
+            dt = np.float32 if q == QT.F32 else np.float16
+            w.add_tensor_info(t.name, t.dims, np.dtype(dt), int(np.prod(t.dims)) * np.dtype(dt).itemsize)
+        else:
+            block, nbytes = GGML_QUANT_SIZES[q]
+            raw = (*t.dims[:-1], t.dims[-1] // block * nbytes)
+            w.add_tensor_info(t.name, raw, np.dtype(np.uint8), int(np.prod(raw)), raw_dtype=q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for t, q in zip(tensors, types):
+        w.write_tensor_data(_values(t, s, q, rng))
     w.close()
     return out
 
@@ -140,11 +224,16 @@ def write(shape: str, mix: str, out: Path, vocab: int | None = None, seed: int =
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shape", choices=sorted(SHAPES))
-    ap.add_argument("--mix", choices=MIXES, default="q4_k_m")
-    ap.add_argument("--vocab", type=int, help="pad the vocabulary to this many tokens (e.g. 128256)")
+    ap.add_argument("--mix", choices=MIXES, help="default: the shape's usual file (q4_k_m; gpt-oss-20b mxfp4)")
+    ap.add_argument("--layers", type=int, help="keep the first N layers of the real shape")
+    ap.add_argument("--vocab", type=int, help="pad the vocabulary to this many tokens (e.g. 128256); "
+                                              "'--vocab 0' is the tokenizer's own, the default")
+    ap.add_argument("--real-vocab", action="store_true", help="pad to the real model's vocabulary")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
-    out = write(a.shape, a.mix, a.out, a.vocab)
+    vocab = SHAPES[a.shape].n_vocab if a.real_vocab else a.vocab
+    out = write(a.shape, a.mix or SHAPES[a.shape].default_mix, a.out, vocab, a.seed, a.layers)
     print(f"{out}: {out.stat().st_size / 1e9:.2f} GB")
     return 0
 

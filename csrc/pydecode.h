@@ -41,6 +41,10 @@ enum {
     PD_BO,          /* attn_output.bias (optional, gpt-oss): added with the output projection */
     PD_ATTN_SINKS,  /* attn_sinks.weight (optional, gpt-oss): F32[n_head], a logit per query head that
                        joins every softmax's denominator and weighs no value (an "attention sink") */
+    /* A mixture of experts' biases (optional, gpt-oss): the router's, F32[n_expert], added to its
+     * logits; each expert's gate / up / down output bias, F32[n_ff_exp x n_expert] (twice) and
+     * F32[n_embd x n_expert], expert e's values contiguous. */
+    PD_GATE_INP_B, PD_GATE_EXPS_B, PD_UP_EXPS_B, PD_DOWN_EXPS_B,
     PD_LAYER_SLOTS
 };
 /* How a mixture-of-experts router turns its logits into the k experts' weights (pd_config.
@@ -51,6 +55,9 @@ enum {
  *   SOFTMAX_WEIGHT softmax over the k chosen logits only (gpt-oss)
  * then, with expert_norm, divided by their sum; then times expert_scale. */
 enum { PD_GATING_SOFTMAX = 0, PD_GATING_SIGMOID = 1, PD_GATING_SOFTMAX_WEIGHT = 2 };
+/* gpt-oss's experts' activation (llama.cpp's swiglu_oai, alpha 1.702, limit 7): with g clamped
+ * above at 7 and u to [-7, 7], out = g * sigmoid(1.702 g) * (u + 1). */
+enum { PD_EXPERT_ACT_MODEL = 0, PD_EXPERT_ACT_SWIGLU_OAI = 1 };
 /* Experts per layer at most (DeepSeek V3 has 256; a larger count is refused as hostile). */
 enum { PD_MAX_EXPERTS = 1024 };
 
@@ -96,6 +103,7 @@ typedef struct {
     int expert_norm;         /* 1: the k weights divided by their sum */
     float expert_scale;      /* the k weights multiplied by it (0 -> 1) */
     int n_ff_shexp;          /* the shared expert's FFN width (0: none; a multiple of 32) */
+    int expert_act;          /* the experts' activation: 0 the model's (act_gelu); PD_EXPERT_ACT_SWIGLU_OAI */
 } pd_config;
 
 typedef struct pd_model pd_model;

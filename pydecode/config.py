@@ -44,9 +44,20 @@ ARCHS: dict[str, dict] = {
     # a shared expert every token runs (ffn_*_shexp, width expert_shared_feed_forward_length),
     # scaled by sigmoid(ffn_gate_inp_shexp . x).
     "qwen2moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=False),
+    # gpt-oss (llama.cpp's openai-moe graph, HF modeling_gpt_oss): NeoX RoPE with YaRN on every
+    # layer; sliding-window (attention.sliding_window, 128) and full layers alternating, the
+    # even ones local (llama.cpp's swa pattern 2), sharing the global RoPE; Q/K/V and output
+    # biases; attention sinks; its "post_attention_norm" is the FFN's input norm (RENAMES);
+    # experts gated by the softmax over the 4 chosen logits (not renormalized), with router and
+    # expert biases and the clamped SwiGLU (expert_act).
+    "gpt-oss": dict(rope_neox=True, sliding_window=True, swa_period=2, moe=True, expert_gating="softmax_weight",
+                    expert_norm=False, expert_act="swiglu_oai",
+                    renames={"post_attention_norm.weight": "ffn_norm.weight"}),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
-                     sliding_window=False, swa_period=0, moe=False, expert_gating="softmax", expert_norm=False)
+                     sliding_window=False, swa_period=0, moe=False, expert_gating="softmax", expert_norm=False,
+                     expert_act="model", renames={})
+EXPERT_ACTS = {"model": 0, "swiglu_oai": 1}   # the C core's PD_EXPERT_ACT_*
 # GGUF <arch>.expert_gating_func (llama.cpp's llama_expert_gating_func_type) -> name -> the C
 # core's PD_GATING_* (pydecode.h).
 GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
@@ -63,6 +74,7 @@ LAYER_TENSORS = [
     "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
     "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
     "attn_output.bias", "attn_sinks.weight",
+    "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
 ]
 # Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
 # the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
@@ -75,7 +87,8 @@ FUSED_TENSORS = {
 ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
                     "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "attn_output.bias",
-                    "attn_sinks.weight", "ffn_gate_inp_shexp.weight"}
+                    "attn_sinks.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
+                    "ffn_down_exps.bias", "ffn_gate_inp_shexp.weight"}
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -105,6 +118,15 @@ class ArchConfig:
     rope_attn_factor: float = 1.0   # scales the rotated dims' cos/sin (LongRoPE's / YaRN's attention factor)
     n_ctx_orig: int = 0             # rope.scaling.original_context_length (0: n_ctx_train)
     rope_yarn: tuple = (0.0, 0.0, 0.0)   # YaRN: (ext_factor, first and last ramped pair); ext 0: off
+    # Mixture of experts (0 / defaults: dense). n_ff_exp: one expert's FFN width.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_gating: str = "softmax"
+    expert_norm: bool = False
+    expert_scale: float = 0.0
+    expert_act: str = "model"       # the experts' activation: the model's, or gpt-oss's "swiglu_oai"
+    n_ff_shexp: int = 0             # the shared expert's width (qwen2moe; 0: none)
 
     def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
         """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
@@ -129,6 +151,10 @@ class ArchConfig:
             if up is not None and p + "ffn_gate.weight" not in gguf.tensors and len(up.shape) == 2 \
                     and tuple(up.shape) == (self.n_embd, 2 * self.n_ff):
                 self._split(views, up, [p + n for n in FUSED_TENSORS["ffn_up.weight"]], (self.n_ff, self.n_ff))
+        for src, dst in ARCHS[self.arch].get("renames", {}).items():   # a tensor another slot's name fits
+            for l in range(self.n_layer):
+                if f"blk.{l}.{src}" in views and f"blk.{l}.{dst}" not in gguf.tensors:
+                    views[f"blk.{l}.{dst}"] = views.pop(f"blk.{l}.{src}")
         rf = self.rope_factors(gguf, n_ctx or 0)
         if rf is not None and "rope_freqs.weight" not in gguf.tensors and rf in gguf.tensors:
             t = gguf.tensors[rf]
@@ -144,14 +170,6 @@ class ArchConfig:
         for name, n in zip(names, lens):
             views[name] = (t, r0, n)
             r0 += n
-    # Mixture of experts (0 / defaults: dense). n_ff_exp: one expert's FFN width.
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-    expert_gating: str = "softmax"
-    expert_norm: bool = False
-    expert_scale: float = 0.0
-    n_ff_shexp: int = 0
 
     def c_fields(self) -> dict:
         """The pd_config fields of the FFN (pydecode.h): every layer a mixture of experts gets no
@@ -160,7 +178,9 @@ class ArchConfig:
             return {"n_ff": self.n_ff}
         return {"n_ff": self.n_ff_exp, "n_expert": self.n_expert, "n_expert_used": self.n_expert_used,
                 "n_ff_exp": self.n_ff_exp, "expert_gating": GATING_C[self.expert_gating],
-                "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale, "n_ff_shexp": self.n_ff_shexp}
+                "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale,
+                "expert_act": EXPERT_ACTS[self.expert_act],
+                "n_ff_shexp": self.n_ff_shexp}
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
@@ -366,7 +386,7 @@ def _experts(gguf: GGUFFile, p: str, a: dict) -> dict:
         if shexp < 1 or shexp % 32:
             bad("expert_shared_feed_forward_length", f"must be a positive multiple of 32, got {shexp}")
     return dict(n_expert=n, n_expert_used=used, n_ff_exp=width, expert_gating=gating, expert_norm=bool(norm),
-                expert_scale=scale, n_ff_shexp=shexp)
+                expert_scale=scale, expert_act=a["expert_act"], n_ff_shexp=shexp)
 
 
 def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -424,7 +444,9 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
         for name in DENSE_FFN:
             layer.pop(name)
         layer.update({"ffn_gate_inp.weight": (d, ne), "ffn_gate_exps.weight": (d, nf, ne),
-                      "ffn_up_exps.weight": (d, nf, ne), "ffn_down_exps.weight": (nf, d, ne)})
+                      "ffn_up_exps.weight": (d, nf, ne), "ffn_down_exps.weight": (nf, d, ne),
+                      "ffn_gate_inp.bias": (ne,), "ffn_gate_exps.bias": (nf, ne), "ffn_up_exps.bias": (nf, ne),
+                      "ffn_down_exps.bias": (d, ne)})
         if cfg.n_ff_shexp:
             ns = cfg.n_ff_shexp
             layer.update({"ffn_gate_inp_shexp.weight": (d,), "ffn_gate_shexp.weight": (d, ns),
@@ -441,12 +463,12 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
                 also = f" (nor a fused {src} of shape {list(fused[src])})" if src else ""
                 raise ModelError(f"{gguf.path}: tensor {name} is missing{also} (architecture {cfg.arch})")
             continue
-        if t.name != name or v[2] != t.n_elements // t.shape[0]:   # rows of a fused tensor (checked whole
-            continue                                               # by tensor_views: its rows add up)
+        if v[2] != t.n_elements // t.shape[0]:   # rows of a fused tensor (checked whole by
+            continue                             # tensor_views: its rows add up)
         if tuple(t.shape) != shape:
             extra = f" (or a fused one of {list(fused[base])})" if base in fused else ""
-            raise ModelError(f"{gguf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}{extra}")
-        if len(shape) == 1 and t.type != 0:
+            raise ModelError(f"{gguf.path}: tensor {t.name} has shape {list(t.shape)}, expected {list(shape)}{extra}")
+        if (len(shape) == 1 or name.endswith(".bias")) and t.type != 0:
             raise ModelError(f"{gguf.path}: tensor {name} has type {type_name(t.type)}, expected F32")
 
 

@@ -63,8 +63,9 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe, phi3; got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe, phi3, "
+                                      f"gpt-oss; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -81,7 +82,9 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss")
+        self.oss = arch == "gpt-oss"
+        self.swiglu_oai = self.oss   # gpt-oss's clamped SwiGLU in the experts
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
         self.long_factors = False   # phi3: the LongRoPE factors of a context past the original one
         self.yarn = m("rope.scaling.type") == "yarn" and float(m("rope.scaling.factor", 1.0)) > 1.0
@@ -98,14 +101,15 @@ class ReferenceModel:
         # 3 softmax over the chosen logits only).
         self.n_expert = int(m("expert_count", 0))
         self.n_expert_used = int(m("expert_used_count", 0))
-        self.gating = int(m("expert_gating_func", 1))
+        self.gating = int(m("expert_gating_func", 3 if arch == "gpt-oss" else 1))   # gpt-oss: over the k chosen
         self.expert_norm = bool(m("expert_weights_norm", arch == "qwen3moe"))
         self.expert_scale = float(m("expert_weights_scale", 0.0)) or 1.0
         self.gemma = arch == "gemma3"
         # Gemma 3: 5 sliding-window layers (RoPE base 10k) then 1 global layer (metadata base).
-        self.window = int(m("attention.sliding_window", 0)) if self.gemma else 0
-        self.swa_period = int(m("attention.sliding_window_pattern", 6)) if self.gemma else 0
-        self.rope_base_local = float(m("rope.freq_base_swa", 10000.0))
+        # gpt-oss: every other layer (the even ones) local, with the global layers' RoPE
+        self.window = int(m("attention.sliding_window", 0)) if self.gemma or self.oss else 0
+        self.swa_period = int(m("attention.sliding_window_pattern", 6 if self.gemma else 2)) if self.window else 0
+        self.rope_base_local = float(m("rope.freq_base_swa", 10000.0 if self.gemma else self.rope_base))
 
     def is_local(self, i) -> bool:
         return self.window > 0 and i % self.swa_period < self.swa_period - 1
@@ -213,7 +217,8 @@ class ReferenceModel:
         wtype = int(self.tensors[name + ".weight"].tensor_type)
         if self.act_quant and wtype not in (0, 1, 30):
             x = self.q8(x, 256 if 10 <= wtype <= 14 else 32)
-        return x @ self.w(name + ".weight")[e].astype(np.float64).T
+        y = x @ self.w(name + ".weight")[e].astype(np.float64).T
+        return y + self.w(name + ".bias")[e] if self.has(name + ".bias") else y   # gpt-oss's expert biases
 
     def route(self, logits):
         """(experts, weights) of one token: the k largest router outputs, their gated weights."""
@@ -240,7 +245,12 @@ class ReferenceModel:
             for e, wt in zip(*self.route(logits[t])):
                 g = self.expert_linear(x, p + "ffn_gate_exps", e)
                 u = self.expert_linear(x, p + "ffn_up_exps", e)
-                out[t] += wt * self.expert_linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_exps", e)[0]
+                if self.swiglu_oai:   # HF GptOssExperts: gate clamped above, up to [-limit, limit]; alpha 1.702
+                    g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                    act = g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+                else:
+                    act = g / (1.0 + np.exp(-g)) * u
+                out[t] += wt * self.expert_linear(act, p + "ffn_down_exps", e)[0]
         if self.has(p + "ffn_up_shexp.weight"):
             g, u = self.linear(h, p + "ffn_gate_shexp"), self.linear(h, p + "ffn_up_shexp")
             shared = self.linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp")
@@ -275,7 +285,8 @@ class ReferenceModel:
             if self.gemma:
                 a = self.rmsnorm(a, f"blk.{i}.post_attention_norm.weight")
             x = x + a
-            f = self.ffn(self.rmsnorm(x, f"blk.{i}.ffn_norm.weight"), i)
+            # (gpt-oss names its FFN input norm post_attention_norm)
+            f = self.ffn(self.rmsnorm(x, f"blk.{i}.{'post_attention_norm' if self.oss else 'ffn_norm'}.weight"), i)
             if self.gemma:
                 f = self.rmsnorm(f, f"blk.{i}.post_ffw_norm.weight")
             x = x + f

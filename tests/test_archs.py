@@ -16,7 +16,7 @@ from tiny_models import N_VOCAB, write_tiny_model
 
 REL_RMS_TOL = 0.04  # measured 0.6-1.7%; a missing window or the wrong RoPE layout gives 12-16%
 CACHE_ATOL = 2e-3
-ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -77,11 +77,15 @@ def test_arch_config_from_metadata(tiny):
     if c.arch == "gemma3":
         assert c.sliding_window == 4 and c.swa_period == 6 and c.act_gelu and c.rope_neox
         assert c.embd_scale == pytest.approx(8.0) and c.rope_base_local == 10000.0
-    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"))
+    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"))
+    if c.arch == "gpt-oss":   # even layers local, sharing the global (YaRN) RoPE; experts as gpt-oss gates them
+        assert c.sliding_window == 4 and [c.layer_is_local(l) for l in range(3)] == [True, False, True]
+        assert c.rope_base_local == 0 and c.rope_yarn[0] == 1.0 and c.rope_freq_scale == 0.25
+        assert (c.expert_gating, c.expert_norm, c.expert_act) == ("softmax_weight", False, "swiglu_oai")
     if c.arch == "phi3":   # its sliding_window key is ignored (as llama.cpp does); LongRoPE's data read
         assert c.sliding_window == 0 and c.rope_dim == 24 and c.n_ctx_orig == 32
         assert c.rope_attn_factor == pytest.approx(1.19)
-    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "qwen2moe"))
+    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "qwen2moe", "gpt-oss"))
     if c.arch == "qwen3moe":
         assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm) == (8, 2, 32, "softmax", True)
 
@@ -209,3 +213,35 @@ def test_sinks_output_bias_and_yarn_follow_the_reference(tmp_path):
         seq.append(t)
         fresh = pydecode.Model(path, n_ctx=64, n_threads=1, n_batch=4).prefill(seq).copy()
         assert np.abs(fresh - logits).max() <= CACHE_ATOL, len(seq)
+
+
+def test_gpt_oss_clamped_swiglu_and_expert_biases(tmp_path):
+    """gpt-oss's experts: router and expert biases and the clamped SwiGLU (limit 7, alpha 1.702),
+    with biases large enough that the clamps bite. Against the reference that quantizes each
+    matmul input as the C core does (large biases make the float model's 8-bit error grow to
+    ~10%), on every x86 table; without the clamps the reference differs; batched and prompt-lookup
+    decoding give plain decoding's tokens; a state file round-trips."""
+    from pydecode._core import lib
+
+    path = tmp_path / "oss.gguf"
+    write_tiny_model(path, "gpt-oss", n_layer=4, expert_bias=2.0)
+    toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
+    ref = ReferenceModel(path, act_quant=True).logits(toks)
+    for isa in ("scalar", "avx2", "avxvnni", "avx512"):
+        if lib.pd_isa_supported(isa.encode()):
+            m = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa)
+            assert _rel(m.prefill(toks, all_logits=True), ref) <= REL_RMS_TOL, isa
+            m.close()
+    r = ReferenceModel(path, act_quant=True)
+    r.swiglu_oai = False   # plain SwiGLU: no clamps, no alpha, no +1
+    assert _rel(r.logits(toks), ref) > 3 * REL_RMS_TOL
+    llm = pydecode.load(path, n_ctx=64, n_threads=2)
+    prompts = [[5, 6, 7, 8, 9], [20, 21, 22], [40, 41, 42, 43, 40, 41, 42]]
+    plain = [llm.generate(p, 10).tokens for p in prompts]
+    assert [o.tokens for o in llm.generate_batch(prompts, 10)] == plain
+    llm.save_state(tmp_path / "s.state")
+    assert llm.load_state(tmp_path / "s.state")
+    llm.close()
+    lookup = pydecode.load(path, n_ctx=64, n_threads=2, draft="lookup")
+    assert [lookup.generate(p, 10).tokens for p in prompts] == plain
+    lookup.close()

@@ -52,7 +52,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
                      rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
                      moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0,
-                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0) -> None:
+                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0, expert_bias: float = 0.5) -> None:
     """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
     token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
     moe=True with a dense arch: the experts beside the dense FFN (a hostile file). router_scale 1:
@@ -66,7 +66,10 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
-    dense = arch not in ("qwen3moe", "qwen2moe")
+    dense = arch not in ("qwen3moe", "qwen2moe", "gpt-oss")
+    if arch == "gpt-oss":   # gpt-oss's data: sinks, output bias, YaRN (over an original context of 8), SWA
+        sinks, out_bias, yarn = True, True, yarn or 4.0
+        w.add_sliding_window(window)
     moe = not dense if moe is None else moe
     if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
         keys = {"expert_count": n_expert, "expert_used_count": n_expert_used, "expert_feed_forward_length": n_ff_exp,
@@ -134,7 +137,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         rd = head_dim * 3 // 4
         w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, rd // 2).astype(np.float32))
         w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 24.0, rd // 2).astype(np.float32))
-    if arch in ("qwen2", "qwen3moe", "qwen2moe"):  # untied output head
+    if arch in ("qwen2", "qwen3moe", "qwen2moe", "gpt-oss"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -150,7 +153,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "attn_output.bias", n_embd, 0.0, 0.5)
         if sinks:   # around the scores' scale, so that they take a real share of the softmax
             vector(p + "attn_sinks.weight", n_head, 0.5, 1.0)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
             vector(p + "attn_v.bias", kvd, 0.0, 0.5)
@@ -160,7 +163,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         if arch == "gemma3":
             vector(p + "post_attention_norm.weight", n_embd)
             vector(p + "post_ffw_norm.weight", n_embd)
-        vector(p + "ffn_norm.weight", n_embd)
+        vector(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), n_embd)
         if moe:   # the router stays F32 (llama.cpp's quantize never quantizes ffn_gate_inp)
             w.add_tensor(p + "ffn_gate_inp.weight", (router_scale * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
             matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
@@ -171,6 +174,12 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate_shexp.weight", n_ff, n_embd)
             matrix(p + "ffn_up_shexp.weight", n_ff, n_embd)
             matrix(p + "ffn_down_shexp.weight", n_embd, n_ff)
+        if moe and arch == "gpt-oss":   # router and expert biases (expert_bias 2: the clamps bite)
+            bias_scale = expert_bias
+            vector(p + "ffn_gate_inp.bias", n_expert, 0.0, 0.5)
+            w.add_tensor(p + "ffn_gate_exps.bias", (bias_scale * rng.standard_normal((n_expert, n_ff_exp))).astype(np.float32))
+            w.add_tensor(p + "ffn_up_exps.bias", (bias_scale * rng.standard_normal((n_expert, n_ff_exp))).astype(np.float32))
+            w.add_tensor(p + "ffn_down_exps.bias", (0.5 * rng.standard_normal((n_expert, n_embd))).astype(np.float32))
         if dense and arch == "phi3":   # gate then up, in one tensor
             matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)

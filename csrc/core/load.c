@@ -75,6 +75,15 @@ static int check_experts(const pd_config *c, const pd_kernels *K, const pd_tenso
         return pd_set_err(err, len, "tensor %s: a post-FFN norm after a mixture of experts is not supported",
                           full_name(name, sizeof name, "post_ffw_norm.weight", l));
     int rc;
+    static const char *bias[] = { "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias" };
+    const int64_t per[] = { ne, nf, nf, d };   /* values per expert (the router's: one per expert, once) */
+    for (int i = 0; i < 4; i++) {
+        const pd_tensor *b = &L[PD_GATE_INP_B + i];
+        if (b->data && (b->type != PD_F32 || b->ne0 != per[i] || b->ne1 != (i ? ne : 1)))
+            return pd_set_err(err, len, "tensor %s must be F32 of shape [%lld, %lld] (got type %d, [%lld, %lld])",
+                              full_name(name, sizeof name, bias[i], l), (long long)per[i], (long long)(i ? ne : 1),
+                              b->type, (long long)b->ne0, (long long)b->ne1);
+    }
     if ((rc = check_matrix(K, &L[PD_GATE_INP], "ffn_gate_inp.weight", l, d, ne, err, len)) ||
         (rc = check_matrix(K, &L[PD_GATE_EXPS], "ffn_gate_exps.weight", l, d, nf * ne, err, len)) ||
         (rc = check_matrix(K, &L[PD_UP_EXPS], "ffn_up_exps.weight", l, d, nf * ne, err, len)) ||

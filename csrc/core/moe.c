@@ -15,6 +15,9 @@
  *            + sigmoid(g_sh . x) Wdown_sh (silu(Wgate_sh x) * (Wup_sh x))   (a shared expert, where
  *                                                    n_ff_shexp > 0: qwen2moe, llm_build_qwen2moe /
  *                                                    HF Qwen2MoeSparseMoeBlock; no g_sh: weight 1)
+ * gpt-oss adds biases (the router's to its logits, each expert's to its gate, up and down
+ * outputs: PD_*_B) and its own activation, a clamped SwiGLU (PD_EXPERT_ACT_SWIGLU_OAI:
+ * swiglu_oai below); its gating is the softmax over the k chosen logits, not renormalized.
  * Qwen3-MoE is softmax over all 128 logits, top 8, renormalized: llama.cpp ranks the softmax
  * probabilities and HF torch.topk of them, the same order as the logits' (softmax is monotonic).
  *
@@ -49,6 +52,8 @@ int pd_moe_check_config(const pd_config *c, char *err, int len) {
         return pd_set_err(err, len, "expert FFN width %d must be a positive multiple of %d", c->n_ff_exp, PD_QK);
     if (c->expert_gating < PD_GATING_SOFTMAX || c->expert_gating > PD_GATING_SOFTMAX_WEIGHT)
         return pd_set_err(err, len, "unknown expert gating function %d", c->expert_gating);
+    if (c->expert_act != PD_EXPERT_ACT_MODEL && c->expert_act != PD_EXPERT_ACT_SWIGLU_OAI)
+        return pd_set_err(err, len, "unknown expert activation %d", c->expert_act);
     if (!(c->expert_scale >= 0) || !isfinite(c->expert_scale))
         return pd_set_err(err, len, "expert weights scale %g must be finite and >= 0", c->expert_scale);
     if (c->n_ff_shexp < 0 || c->n_ff_shexp % PD_QK)
@@ -142,13 +147,18 @@ static void route_token(const pd_config *c, const float *logit, int32_t *sel, fl
     for (int j = 0; j < k; j++) wt[j] = (float)(p[j] * norm * scale);
 }
 
-/* Every token's route, then the pairs numbered expert by expert (tokens in order within one). */
+/* Every token's route (the router's bias added to its logits first, where it has one), then the
+ * pairs numbered expert by expert (tokens in order within one). */
 static void route_step(pd_model *m, int n, int l) {
     const pd_config *c = &m->c;
     pd_moe *e = &m->moe;
     const int ne = c->n_expert, k = c->n_expert_used;
-    for (int t = 0; t < n; t++)
-        route_token(c, e->logits + (size_t)t * ne, e->sel + (size_t)t * k, e->wt + (size_t)t * k);
+    const float *bias = (const float *)pd_layer_tensor(m, l, PD_GATE_INP_B)->data;
+    for (int t = 0; t < n; t++) {
+        float *logit = e->logits + (size_t)t * ne;
+        if (bias) for (int x = 0; x < ne; x++) logit[x] += bias[x];
+        route_token(c, logit, e->sel + (size_t)t * k, e->wt + (size_t)t * k);
+    }
     memset(e->start, 0, (size_t)(ne + 1) * sizeof(int32_t));
     for (int i = 0; i < n * k; i++) e->start[e->sel[i] + 1]++;
     int na = 0;
@@ -206,6 +216,16 @@ static int chunk_rows(int64_t total, size_t bytes, int nth, int limit) {
     return c > limit ? limit : (int)c;
 }
 
+/* gpt-oss's activation, in place (llama.cpp's swiglu_oai: alpha 1.702, limit 7): with x = min(g, 7)
+ * and y = clamp(u, -7, 7), g = x * sigmoid(1.702 x) * (y + 1). Plain C: n_ff_exp values per pair,
+ * small beside the pair's matmuls. */
+static void swiglu_oai(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = g[i] < 7.0f ? g[i] : 7.0f, y = u[i] < -7.0f ? -7.0f : (u[i] > 7.0f ? 7.0f : u[i]);
+        g[i] = x / (1.0f + expf(-1.702f * x)) * (y + 1.0f);
+    }
+}
+
 /* ---------------- the FFN, all threads ---------------- */
 
 int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
@@ -215,6 +235,9 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
     const int n = s->n, d = c->n_embd, ne = c->n_expert, k = c->n_expert_used, nf = c->n_ff_exp;
     const pd_tensor *router = pd_layer_tensor(m, l, PD_GATE_INP), *gate = pd_layer_tensor(m, l, PD_GATE_EXPS),
                     *up = pd_layer_tensor(m, l, PD_UP_EXPS), *down = pd_layer_tensor(m, l, PD_DOWN_EXPS);
+    const float *gb = (const float *)pd_layer_tensor(m, l, PD_GATE_EXPS_B)->data,   /* NULL: no biases */
+                *ub = (const float *)pd_layer_tensor(m, l, PD_UP_EXPS_B)->data,
+                *db = (const float *)pd_layer_tensor(m, l, PD_DOWN_EXPS_B)->data;
     size_t xs;
     const void *x;
 
@@ -276,8 +299,13 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
         const void *ux = n > 1 ? pair_rows(e, up->type, p0, &us) : token_rows(m, up->type, 0, &us);
         matmul_block(m, gate, (int64_t)ex * nf, r0, r1, gx, gs, cnt, e->g + (size_t)p0 * nf, nf);
         matmul_block(m, up, (int64_t)ex * nf, r0, r1, ux, us, cnt, e->u + (size_t)p0 * nf, nf);
-        for (int p = p0; p < p0 + cnt; p++)
-            m->kt->act_mul(e->g + (size_t)p * nf + r0, e->u + (size_t)p * nf + r0, r1 - r0, c->act_gelu);
+        for (int p = p0; p < p0 + cnt; p++) {
+            float *gp = e->g + (size_t)p * nf + r0, *up_ = e->u + (size_t)p * nf + r0;
+            if (gb) for (int r = 0; r < r1 - r0; r++) gp[r] += gb[(size_t)ex * nf + r0 + r];
+            if (ub) for (int r = 0; r < r1 - r0; r++) up_[r] += ub[(size_t)ex * nf + r0 + r];
+            if (c->expert_act == PD_EXPERT_ACT_SWIGLU_OAI) swiglu_oai(gp, up_, r1 - r0);
+            else m->kt->act_mul(gp, up_, r1 - r0, c->act_gelu);
+        }
     }
     END_PHASE(w, nc);
 
@@ -327,9 +355,11 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
             float *dst = m->x + (size_t)t * d;
             const int32_t *pr = e->pair + (size_t)t * k;
             const float *wt = e->wt + (size_t)t * k;
+            const int32_t *sel = e->sel + (size_t)t * k;
             for (int i = r0; i < r1; i++) {
                 float acc = 0.0f;
-                for (int j = 0; j < k; j++) acc += wt[j] * e->y[(size_t)pr[j] * d + i];
+                for (int j = 0; j < k; j++)
+                    acc += wt[j] * (e->y[(size_t)pr[j] * d + i] + (db ? db[(size_t)sel[j] * d + i] : 0.0f));
                 if (ns) acc += e->sgate[t] * e->sy[(size_t)t * d + i];
                 dst[i] += acc;
             }
