@@ -30,8 +30,9 @@ enum { PD_TOK_EMBD = 0, PD_OUTPUT_NORM = 1, PD_OUTPUT = 2, PD_ROPE_FREQS = 3, PD
  * experts (core/moe.c): the router PD_GATE_INP [n_embd -> n_expert] and the experts' 3-D tensors
  * as matrices of n_expert stacked blocks of rows, expert e's rows contiguous: PD_GATE_EXPS and
  * PD_UP_EXPS [n_embd -> n_ff_exp * n_expert], PD_DOWN_EXPS [n_ff_exp -> n_embd * n_expert].
- * The PD_*_SHEXP slots (a shared expert: qwen2moe, deepseek) are named for the loader's errors;
- * a model holding them is refused until that path exists. */
+ * A shared expert (qwen2moe), where n_ff_shexp > 0: PD_GATE_SHEXP, PD_UP_SHEXP [n_embd ->
+ * n_ff_shexp] and PD_DOWN_SHEXP [n_ff_shexp -> n_embd], a SwiGLU FFN every token runs, its output
+ * scaled by sigmoid(PD_GATE_INP_SHEXP . x) where that F32 [n_embd] vector is present. */
 enum {
     PD_ATTN_NORM = 0, PD_WQ, PD_WK, PD_WV, PD_WO, PD_BQ, PD_BK, PD_BV, PD_Q_NORM, PD_K_NORM,
     PD_POST_ATTN_NORM, PD_FFN_NORM, PD_GATE, PD_UP, PD_DOWN, PD_POST_FFN_NORM,
@@ -101,6 +102,7 @@ typedef struct {
     int expert_gating;       /* PD_GATING_* */
     int expert_norm;         /* 1: the k weights divided by their sum */
     float expert_scale;      /* the k weights multiplied by it (0 -> 1) */
+    int n_ff_shexp;          /* the shared expert's FFN width (0: none; a multiple of 32) */
     int expert_act;          /* the experts' activation: 0 the model's (act_gelu); PD_EXPERT_ACT_SWIGLU_OAI */
 } pd_config;
 

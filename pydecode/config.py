@@ -39,6 +39,11 @@ ARCHS: dict[str, dict] = {
     # GGUF keys expert_gating_func / expert_weights_norm / expert_weights_scale override them
     # where a file has them (a qwen3moe file has none).
     "qwen3moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=True),
+    # Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (QKV biases); softmax top-k NOT
+    # renormalized (llama.cpp's llm_build_qwen2moe: norm_w = false; HF norm_topk_prob = false), plus
+    # a shared expert every token runs (ffn_*_shexp, width expert_shared_feed_forward_length),
+    # scaled by sigmoid(ffn_gate_inp_shexp . x).
+    "qwen2moe": dict(rope_neox=True, moe=True, expert_gating="softmax", expert_norm=False),
     # gpt-oss (llama.cpp's openai-moe graph, HF modeling_gpt_oss): NeoX RoPE with YaRN on every
     # layer; sliding-window (attention.sliding_window, 128) and full layers alternating, the
     # even ones local (llama.cpp's swa pattern 2), sharing the global RoPE; Q/K/V and output
@@ -83,7 +88,7 @@ ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
                     "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "attn_output.bias",
                     "attn_sinks.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
-                    "ffn_down_exps.bias"}
+                    "ffn_down_exps.bias", "ffn_gate_inp_shexp.weight"}
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -121,6 +126,7 @@ class ArchConfig:
     expert_norm: bool = False
     expert_scale: float = 0.0
     expert_act: str = "model"       # the experts' activation: the model's, or gpt-oss's "swiglu_oai"
+    n_ff_shexp: int = 0             # the shared expert's width (qwen2moe; 0: none)
 
     def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
         """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
@@ -173,7 +179,8 @@ class ArchConfig:
         return {"n_ff": self.n_ff_exp, "n_expert": self.n_expert, "n_expert_used": self.n_expert_used,
                 "n_ff_exp": self.n_ff_exp, "expert_gating": GATING_C[self.expert_gating],
                 "expert_norm": int(self.expert_norm), "expert_scale": self.expert_scale,
-                "expert_act": EXPERT_ACTS[self.expert_act]}
+                "expert_act": EXPERT_ACTS[self.expert_act],
+                "n_ff_shexp": self.n_ff_shexp}
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
@@ -370,10 +377,16 @@ def _experts(gguf: GGUFFile, p: str, a: dict) -> dict:
     scale = _key(gguf, p + "expert_weights_scale", float, 0.0)
     if scale < 0:
         bad("expert_weights_scale", f"must not be negative, got {scale}")
-    if _key(gguf, p + "expert_shared_count", int, 0) or _key(gguf, p + "expert_shared_feed_forward_length", int, 0):
-        bad("expert_shared_count", "(shared experts) is not supported yet")
+    # A shared expert: its width where the file holds its tensors (llama.cpp's qwen2moe reads the
+    # key, default n_ff; its qwen3moe neither, and a qwen3moe file has no such tensors).
+    shexp = 0
+    if "blk.0.ffn_up_shexp.weight" in gguf.tensors:
+        shexp = _key(gguf, p + "expert_shared_feed_forward_length", int,
+                     _key(gguf, p + "feed_forward_length", int, 0))
+        if shexp < 1 or shexp % 32:
+            bad("expert_shared_feed_forward_length", f"must be a positive multiple of 32, got {shexp}")
     return dict(n_expert=n, n_expert_used=used, n_ff_exp=width, expert_gating=gating, expert_norm=bool(norm),
-                expert_scale=scale, expert_act=a["expert_act"])
+                expert_scale=scale, expert_act=a["expert_act"], n_ff_shexp=shexp)
 
 
 def check_config(gguf: GGUFFile, cfg: ArchConfig) -> None:
@@ -434,6 +447,10 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
                       "ffn_up_exps.weight": (d, nf, ne), "ffn_down_exps.weight": (nf, d, ne),
                       "ffn_gate_inp.bias": (ne,), "ffn_gate_exps.bias": (nf, ne), "ffn_up_exps.bias": (nf, ne),
                       "ffn_down_exps.bias": (d, ne)})
+        if cfg.n_ff_shexp:
+            ns = cfg.n_ff_shexp
+            layer.update({"ffn_gate_inp_shexp.weight": (d,), "ffn_gate_shexp.weight": (d, ns),
+                          "ffn_up_shexp.weight": (d, ns), "ffn_down_shexp.weight": (ns, d)})
     for l in range(cfg.n_layer):
         want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
     for name, shape in want.items():

@@ -35,6 +35,8 @@ Conventions that matter (checked against llama.cpp's convert_hf_to_gguf.py and g
   if norm_topk_prob (true in every Qwen3-MoE config, and llama.cpp's qwen3moe always): divided by
   their sum; out = sum_j w_j * down_j(silu(gate_j(x)) * up_j(x)). GGUF stores the experts as 3-D
   tensors [in, out, n_expert] (numpy: (n_expert, out, in)).
+* Qwen2-MoE (HF modeling_qwen2_moe, Qwen2MoeSparseMoeBlock): the same routing with
+  norm_topk_prob false, plus sigmoid(shared_expert_gate(x)) * shared_expert(x) (a SwiGLU FFN).
 """
 from __future__ import annotations
 
@@ -61,9 +63,9 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gpt-oss"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, phi3, gpt-oss; "
-                                      f"got {arch!r}")
+        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"):
+            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe, phi3, "
+                                      f"gpt-oss; got {arch!r}")
         self.arch = arch
 
         def m(key, default=None):
@@ -80,7 +82,7 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gpt-oss")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss")
         self.oss = arch == "gpt-oss"
         self.swiglu_oai = self.oss   # gpt-oss's clamped SwiGLU in the experts
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
@@ -249,6 +251,12 @@ class ReferenceModel:
                 else:
                     act = g / (1.0 + np.exp(-g)) * u
                 out[t] += wt * self.expert_linear(act, p + "ffn_down_exps", e)[0]
+        if self.has(p + "ffn_up_shexp.weight"):
+            g, u = self.linear(h, p + "ffn_gate_shexp"), self.linear(h, p + "ffn_up_shexp")
+            shared = self.linear(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp")
+            if self.has(p + "ffn_gate_inp_shexp.weight"):
+                shared = shared / (1.0 + np.exp(-(h @ self.w(p + "ffn_gate_inp_shexp.weight").astype(np.float64))))[:, None]
+            out = out + shared
         return out
 
     def ffn(self, h, i):

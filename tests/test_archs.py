@@ -17,7 +17,7 @@ from tiny_models import N_VOCAB, write_tiny_model
 
 REL_RMS_TOL = 0.04  # measured 0.6-1.7%; a missing window or the wrong RoPE layout gives 12-16%
 CACHE_ATOL = 2e-3
-ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gpt-oss"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -72,7 +72,7 @@ def test_arch_config_from_metadata(tiny):
     if c.arch == "gemma3":
         assert c.sliding_window == 4 and c.swa_period == 6 and c.act_gelu and c.rope_neox
         assert c.embd_scale == pytest.approx(8.0) and c.rope_base_local == 10000.0
-    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gpt-oss"))
+    assert c.rope_neox == (c.arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"))
     if c.arch == "gpt-oss":   # even layers local, sharing the global (YaRN) RoPE; experts as gpt-oss gates them
         assert c.sliding_window == 4 and [c.layer_is_local(l) for l in range(3)] == [True, False, True]
         assert c.rope_base_local == 0 and c.rope_yarn[0] == 1.0 and c.rope_freq_scale == 0.25
@@ -80,7 +80,7 @@ def test_arch_config_from_metadata(tiny):
     if c.arch == "phi3":   # its sliding_window key is ignored (as llama.cpp does); LongRoPE's data read
         assert c.sliding_window == 0 and c.rope_dim == 24 and c.n_ctx_orig == 32
         assert c.rope_attn_factor == pytest.approx(1.19)
-    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "gpt-oss"))
+    assert c.tied_output == (c.arch not in ("qwen2", "qwen3moe", "qwen2moe", "gpt-oss"))
     if c.arch == "qwen3moe":
         assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm) == (8, 2, 32, "softmax", True)
 

@@ -64,6 +64,23 @@ def test_gating_matches_reference(tmp_path, gating, isa):
         assert _rel(ours, ref.logits(toks)) > 0.05
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_shared_expert_matches_reference(tmp_path, isa):
+    """qwen2moe: softmax top-k not renormalized, plus the shared expert scaled per token by
+    sigmoid(ffn_gate_inp_shexp . x); without that gate the logits are far off."""
+    _isa(isa)
+    path = tmp_path / "q2.gguf"
+    write_tiny_model(path, "qwen2moe", n_layer=3, weight_types=(QT.F16,), router_scale=0.25)
+    toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
+    ref = ReferenceModel(path)
+    m = pydecode.Model(path, n_ctx=64, n_threads=2, isa=isa, kv_type="f32")
+    assert (m.config.n_ff_shexp, m.config.expert_norm) == (96, False)
+    ours = m.prefill(toks, all_logits=True)
+    assert _rel(ours, ref.logits(toks)) <= EXACT_REL
+    ref.tensors.pop("blk.1.ffn_gate_inp_shexp.weight")
+    assert _rel(ours, ref.logits(toks)) > 0.05
+
+
 def test_tables_agree_on_the_quantized_path(moe_path):
     """Every ISA table against the scalar twin on mixed formats, repacked and not: the same
     routes (the logits' argmax) and logits within the activation rounding."""
@@ -152,7 +169,6 @@ def test_active_bytes(moe_path):
     ({"expert_used_count": 0}, r"expert_used_count is 0"),
     ({"expert_feed_forward_length": 40}, r"expert_feed_forward_length must be a positive multiple of 32"),
     ({"expert_gating_func": 7}, r"expert_gating_func is 7"),
-    ({"expert_shared_count": 1}, r"shared experts\) is not supported"),
 ])
 def test_hostile_expert_keys_are_refused(tmp_path, keys, match):
     path = tmp_path / "h.gguf"
@@ -166,6 +182,13 @@ def test_expert_tensors_of_the_wrong_shape_or_in_a_dense_file(tmp_path):
     write_tiny_model(path, "qwen3moe", n_layer=2, n_ff_exp=64, moe_keys={"expert_feed_forward_length": 32})
     with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_exps\.weight has shape \[64, 64, 8\], expected \[64, 32, 8\]"):
         pydecode.Model(path, n_ctx=32, n_threads=1)
+    shared = tmp_path / "sh.gguf"   # shared-expert tensors where the config has none
+    write_tiny_model(shared, "qwen2moe", n_layer=2)
+    m = pydecode.Model(shared, n_ctx=32, n_threads=1)
+    from pydecode._core import ffi, lib
+    err = ffi.new("char[512]")
+    assert lib.pd_model_new(m._cfg_with(n_ff_shexp=0), m._tensors, len(m._tensors), ffi.NULL, err, 512) == ffi.NULL
+    assert "blk.0.ffn_gate_inp_shexp.weight is present but the config has no shared expert" in ffi.string(err).decode()
     dense = tmp_path / "d.gguf"   # a dense qwen3 carrying a router: the C core names it
     write_tiny_model(dense, "qwen3", n_layer=2, moe=True)
     with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_inp\.weight is present but the config has no experts"):
@@ -179,3 +202,26 @@ def test_info_shows_total_and_active_bytes(moe_path):
     assert r.exit_code == 0, r.output
     assert "experts         8 per layer, 3 per token, ffn 32; gating softmax, renormalized" in r.output
     assert "(3 of 8 experts; " in r.output and "MB with all of them)" in r.output
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(n_expert=5000), "expert count 5000 outside 1..1024"),
+    (dict(n_expert=0), "expert count 0 outside 1..1024"),
+    (dict(n_expert=0, n_expert_used=0, n_ff_exp=0), "ffn_gate_inp.weight is present but the config has no experts"),
+    (dict(n_expert_used=9), "experts used per token 9 outside 1..8"),
+    (dict(n_expert_used=-1), "experts used per token -1"),
+    (dict(n_ff_exp=48), "expert FFN width 48 must be a positive multiple of 32"),
+    (dict(n_ff_exp=64), "blk.0.ffn_gate_exps.weight has shape [64, 256], expected [64, 512]"),
+    (dict(expert_gating=9), "unknown expert gating function 9"),
+    (dict(expert_scale=float("nan")), "expert weights scale nan"),
+])
+def test_c_core_refuses_hostile_expert_configs(moe_path, fields, match):
+    """The C core's own checks (a caller of pd_model_new that is not Model): an error naming the
+    problem, and the size estimate before a load does not wrap around."""
+    from pydecode._core import ffi, lib
+    m = pydecode.Model(moe_path, n_ctx=32, n_threads=1)
+    cfg = m._cfg_with(**fields)
+    err = ffi.new("char[512]")
+    assert lib.pd_model_new(cfg, m._tensors, len(m._tensors), ffi.NULL, err, 512) == ffi.NULL
+    assert match in ffi.string(err).decode()
+    assert lib.pd_config_memory_bytes(cfg) < 1 << 40

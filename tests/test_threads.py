@@ -5,7 +5,12 @@ Regression: a worker that woke late used to read a torn step context (the new st
 the previous step's token count), claim chunks the other threads did not count, and leave the
 main thread waiting forever for a phase counter that had overshot. Before the fix this script
 hung within seconds on 2 cores; it runs in a subprocess so that a hang fails the test instead of
-stalling the suite."""
+stalling the suite.
+
+Regression (mixture of experts): a phase's chunk count read from the step's routing (how many
+experts hold tokens) was overwritten by the next layer's routing while a descheduled worker had
+not yet read it; that worker then waited for a count the phase never reached. The same script
+on a tiny qwen3moe hung within seconds before the count became per layer."""
 import subprocess
 import sys
 import textwrap
@@ -25,7 +30,7 @@ SCRIPT = textwrap.dedent("""
     while time.time() - t0 < float(sys.argv[2]):
         for m in ms:
             n = int(rng.integers(1, 20))
-            x = m.prefill(rng.integers(0, 1000, n).tolist())
+            x = m.prefill(rng.integers(0, min(1000, m.n_vocab), n).tolist())
             for i in range(int(rng.integers(1, 4))):
                 x = m.decode_step(int(np.argmax(x)), n + i)
         rounds += 1
@@ -37,5 +42,14 @@ SCRIPT = textwrap.dedent("""
 def test_mixed_steps_oversubscribed_never_hang(smollm_path):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(smollm_path), "8"], capture_output=True, text=True,
                        timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) > 0
+
+
+def test_moe_steps_oversubscribed_never_hang(tmp_path):
+    from tiny_models import write_tiny_model
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, "qwen3moe", n_layer=4)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path), "6"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert int(r.stdout.split()[-1]) > 0

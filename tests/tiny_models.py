@@ -63,14 +63,14 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
-    dense = arch not in ("qwen3moe", "gpt-oss")
+    dense = arch not in ("qwen3moe", "qwen2moe", "gpt-oss")
     if arch == "gpt-oss":   # gpt-oss's data: sinks, output bias, YaRN (over an original context of 8), SWA
         sinks, out_bias, yarn = True, True, yarn or 4.0
         w.add_sliding_window(window)
     moe = not dense if moe is None else moe
     if moe:   # the keys llama.cpp's converter writes for Qwen3-MoE
         keys = {"expert_count": n_expert, "expert_used_count": n_expert_used, "expert_feed_forward_length": n_ff_exp,
-                **(moe_keys or {})}
+                **({"expert_shared_feed_forward_length": n_ff} if arch == "qwen2moe" else {}), **(moe_keys or {})}
         for key, value in keys.items():   # gating as a number: this gguf's enum lacks 3
             w.add_uint32(f"{arch}.{key}", value) if key in ("expert_gating_func", "expert_count") \
                 else getattr(w, "add_" + key)(value)
@@ -134,7 +134,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         rd = head_dim * 3 // 4
         w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, rd // 2).astype(np.float32))
         w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 24.0, rd // 2).astype(np.float32))
-    if arch in ("qwen2", "qwen3moe", "gpt-oss"):  # untied output head
+    if arch in ("qwen2", "qwen3moe", "qwen2moe", "gpt-oss"):  # untied output head
         matrix("output.weight", N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -150,7 +150,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             vector(p + "attn_output.bias", n_embd, 0.0, 0.5)
         if sinks:   # around the scores' scale, so that they take a real share of the softmax
             vector(p + "attn_sinks.weight", n_head, 0.5, 1.0)
-        if arch in ("qwen2", "gpt-oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             vector(p + "attn_q.bias", qd, 0.0, 0.5)
             vector(p + "attn_k.bias", kvd, 0.0, 0.5)
             vector(p + "attn_v.bias", kvd, 0.0, 0.5)
@@ -166,6 +166,11 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
+        if moe and arch == "qwen2moe":   # its shared expert, of width n_ff, gated per token
+            vector(p + "ffn_gate_inp_shexp.weight", n_embd, 0.0, 0.3)
+            matrix(p + "ffn_gate_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_up_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_down_shexp.weight", n_embd, n_ff)
         if moe and arch == "gpt-oss":   # router and expert biases (expert_bias 2: the clamps bite)
             bias_scale = expert_bias
             vector(p + "ffn_gate_inp.bias", n_expert, 0.0, 0.5)

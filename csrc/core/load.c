@@ -65,10 +65,12 @@ static int check_experts(const pd_config *c, const pd_kernels *K, const pd_tenso
     if (ne < 1)
         return pd_set_err(err, len, "tensor %s is present but the config has no experts (expert count 0)",
                           full_name(name, sizeof name, "ffn_gate_inp.weight", l));
-    for (int i = 0; i < 4; i++)
-        if (L[PD_GATE_INP_SHEXP + i].data)
-            return pd_set_err(err, len, "tensor %s: shared experts are not supported yet",
-                              full_name(name, sizeof name, shexp[i], l));
+    if (!c->n_ff_shexp) {
+        for (int i = 0; i < 4; i++)
+            if (L[PD_GATE_INP_SHEXP + i].data)
+                return pd_set_err(err, len, "tensor %s is present but the config has no shared expert (width 0)",
+                                  full_name(name, sizeof name, shexp[i], l));
+    }
     if (L[PD_POST_FFN_NORM].data)
         return pd_set_err(err, len, "tensor %s: a post-FFN norm after a mixture of experts is not supported",
                           full_name(name, sizeof name, "post_ffw_norm.weight", l));
@@ -86,6 +88,12 @@ static int check_experts(const pd_config *c, const pd_kernels *K, const pd_tenso
         (rc = check_matrix(K, &L[PD_GATE_EXPS], "ffn_gate_exps.weight", l, d, nf * ne, err, len)) ||
         (rc = check_matrix(K, &L[PD_UP_EXPS], "ffn_up_exps.weight", l, d, nf * ne, err, len)) ||
         (rc = check_matrix(K, &L[PD_DOWN_EXPS], "ffn_down_exps.weight", l, nf, d * ne, err, len)))
+        return rc;
+    const int64_t ns = c->n_ff_shexp;
+    if (ns && ((rc = check_vector(&L[PD_GATE_INP_SHEXP], shexp[0], l, d, 1, err, len)) ||
+               (rc = check_matrix(K, &L[PD_GATE_SHEXP], shexp[1], l, d, ns, err, len)) ||
+               (rc = check_matrix(K, &L[PD_UP_SHEXP], shexp[2], l, d, ns, err, len)) ||
+               (rc = check_matrix(K, &L[PD_DOWN_SHEXP], shexp[3], l, ns, d, err, len))))
         return rc;
     return PD_OK;
 }
@@ -210,6 +218,7 @@ static int repack_slot_eligible(const pd_config *c, int i) {
      * n_embd rows, a multiple of 32); the router's chunks are whole groups of its n_expert rows */
     const int exps_ok = c->n_ff_exp % PD_R16_ROWS == 0;
     return slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN || slot == PD_DOWN_EXPS ||
+           slot == PD_GATE_SHEXP || slot == PD_UP_SHEXP || slot == PD_DOWN_SHEXP ||
            slot == PD_GATE_INP || (exps_ok && (slot == PD_GATE_EXPS || slot == PD_UP_EXPS)) ||
            (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
 }

@@ -12,6 +12,9 @@
  *                                                    every Qwen3-MoE config)
  *     w_j   *= expert_scale                         (where the architecture has one)
  *     out    = sum_j w_j Wdown_j (silu(Wgate_j x) * (Wup_j x))
+ *            + sigmoid(g_sh . x) Wdown_sh (silu(Wgate_sh x) * (Wup_sh x))   (a shared expert, where
+ *                                                    n_ff_shexp > 0: qwen2moe, llm_build_qwen2moe /
+ *                                                    HF Qwen2MoeSparseMoeBlock; no g_sh: weight 1)
  * gpt-oss adds biases (the router's to its logits, each expert's to its gate, up and down
  * outputs: PD_*_B) and its own activation, a clamped SwiGLU (PD_EXPERT_ACT_SWIGLU_OAI:
  * swiglu_oai below); its gating is the softmax over the k chosen logits, not renormalized.
@@ -24,7 +27,8 @@
  * reads only its k experts). A batch gathers each pair's quantized input row into a contiguous
  * run per expert first; a one-token step reads the token's own row. Work is split in chunks of
  * (expert, rows) for gate/up, of rows over every chosen expert for down (which then adds the
- * weighted pairs of those rows into the residual stream, in the token's order of j): each
+ * weighted pairs of those rows into the residual stream, in the token's order of j, then the
+ * shared expert's, whose gate/up chunks join the experts' phase and its down the same rows): each
  * value is computed the same way whatever the chunks, the thread count or the other tokens of
  * the step (the kernels compute every row and column alike in any tile), so decode, batch and
  * prefill of a token give the same bits.
@@ -52,6 +56,8 @@ int pd_moe_check_config(const pd_config *c, char *err, int len) {
         return pd_set_err(err, len, "unknown expert activation %d", c->expert_act);
     if (!(c->expert_scale >= 0) || !isfinite(c->expert_scale))
         return pd_set_err(err, len, "expert weights scale %g must be finite and >= 0", c->expert_scale);
+    if (c->n_ff_shexp < 0 || c->n_ff_shexp % PD_QK)
+        return pd_set_err(err, len, "shared expert FFN width %d must be a multiple of %d", c->n_ff_shexp, PD_QK);
     return PD_OK;
 }
 
@@ -78,13 +84,22 @@ static size_t moe_layout(const pd_config *c, pd_moe *e, char *base) {
     PIECE(g, P * nf * sizeof(float));
     PIECE(u, P * nf * sizeof(float));
     PIECE(y, P * d * sizeof(float));
+    const size_t ns = (size_t)(c->n_ff_shexp > 0 ? c->n_ff_shexp : 0);
+    PIECE(sg, nb * ns * sizeof(float));
+    PIECE(su, nb * ns * sizeof(float));
+    PIECE(sxq, nb * (ns / PD_QK) * sizeof(pd_q8));
+    PIECE(sxqk, nb * (ns / PD_QKK + 1) * sizeof(pd_q8k));
+    PIECE(sy, nb * d * sizeof(float));
+    PIECE(sgate, nb * sizeof(float));
 #undef PIECE
     if (base) e->in_stride = in;
     return off;
 }
 
 size_t pd_moe_scratch_bytes(const pd_config *c) {
-    return c && c->n_expert > 0 && c->n_expert_used > 0 ? moe_layout(c, NULL, NULL) : 0;
+    char err[8];   /* a hostile count must not wrap the size around (the load refuses it anyway) */
+    if (!c || c->n_expert < 1 || c->n_batch < 1 || c->n_layer < 1 || pd_moe_check_config(c, err, sizeof err)) return 0;
+    return moe_layout(c, NULL, NULL);
 }
 
 int pd_moe_alloc(pd_model *m) {
@@ -259,10 +274,24 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
 
     /* 4. gate and up of each chosen expert over its tokens, in chunks of (expert, rows); the
      *    activation fused (same rows) */
+    const pd_tensor *sgw = pd_layer_tensor(m, l, PD_GATE_SHEXP), *suw = pd_layer_tensor(m, l, PD_UP_SHEXP),
+                    *sdw = pd_layer_tensor(m, l, PD_DOWN_SHEXP), *sgi = pd_layer_tensor(m, l, PD_GATE_INP_SHEXP);
+    const int ns = sgw->data ? c->n_ff_shexp : 0;
     ch = chunk_rows((int64_t)na * nf, gate->row_bytes + up->row_bytes, w->nth, nf);
     const int per_expert = N_CHUNKS(nf, ch);
-    nc = na * per_expert;
+    const int sch = ns ? pd_matmul_chunk_rows(ns, sgw->row_bytes + suw->row_bytes, w->nth) : 1;
+    nc = na * per_expert + (ns ? N_CHUNKS(ns, sch) : 0);
     FOR_CHUNKS(w, nc, ci) {
+        if (ci >= na * per_expert) {   /* the shared expert: every token, rows of its width */
+            const int r0 = (ci - na * per_expert) * sch, r1 = r0 + sch < ns ? r0 + sch : ns;
+            size_t gs, us;
+            const void *gx = token_rows(m, sgw->type, 0, &gs), *ux = token_rows(m, suw->type, 0, &us);
+            matmul_block(m, sgw, 0, r0, r1, gx, gs, n, e->sg, ns);
+            matmul_block(m, suw, 0, r0, r1, ux, us, n, e->su, ns);
+            for (int t = 0; t < n; t++)
+                m->kt->act_mul(e->sg + (size_t)t * ns + r0, e->su + (size_t)t * ns + r0, r1 - r0, c->act_gelu);
+            continue;
+        }
         const int ex = e->active[ci / per_expert], r0 = ci % per_expert * ch, r1 = r0 + ch < nf ? r0 + ch : nf;
         const int p0 = e->start[ex], cnt = e->start[ex + 1] - p0;
         size_t gs, us;
@@ -280,16 +309,28 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
     }
     END_PHASE(w, nc);
 
-    /* 5. each pair's activation quantized for down (a float down reads it as it is) */
-    const int fmt_d = pd_type_act_format(down->type);
-    if (fmt_d == PD_ACT_Q8 || fmt_d == PD_ACT_Q8K) {
+    /* 5. each pair's activation quantized for down (a float down reads it as it is); the shared
+     *    expert's rows too, and its per-token weight */
+    const int fmt_d = pd_type_act_format(down->type), fmt_s = ns ? pd_type_act_format(sdw->type) : PD_ACT_F32;
+    if (fmt_d == PD_ACT_Q8 || fmt_d == PD_ACT_Q8K || ns) {
         const size_t in = e->in_stride;
-        FOR_CHUNKS(w, P, p) {
+        FOR_CHUNKS(w, P + (ns ? n : 0), p) {
+            if (p >= P) {
+                const int t = p - P;
+                const float *h = e->sg + (size_t)t * ns;
+                if (fmt_s == PD_ACT_Q8) m->kt->quantize_q8(h, e->sxq + (size_t)t * (ns / PD_QK), ns);
+                else if (fmt_s == PD_ACT_Q8K) m->kt->quantize_q8k(h, e->sxqk + (size_t)t * (ns / PD_QKK + 1), ns);
+                double z = 0.0;   /* qwen2moe: sigmoid(shared_expert_gate(x)) scales the shared output */
+                const float *xr = m->xn + (size_t)t * m->max_in;
+                if (sgi->data) for (int i = 0; i < d; i++) z += (double)((const float *)sgi->data)[i] * xr[i];
+                e->sgate[t] = sgi->data ? (float)(1.0 / (1.0 + exp(-z))) : 1.0f;
+                continue;
+            }
             const float *h = e->g + (size_t)p * nf;
             if (fmt_d == PD_ACT_Q8) m->kt->quantize_q8(h, e->xq + (size_t)p * (in / PD_QK), nf);
-            else m->kt->quantize_q8k(h, e->xqk + (size_t)p * (in / PD_QKK + 1), nf);
+            else if (fmt_d == PD_ACT_Q8K) m->kt->quantize_q8k(h, e->xqk + (size_t)p * (in / PD_QKK + 1), nf);
         }
-        END_PHASE(w, P);
+        END_PHASE(w, P + (ns ? n : 0));
     }
 
     /* 6. down of every chosen expert, in chunks of rows; those rows of each token's k pairs then
@@ -304,6 +345,12 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
             else x = pair_rows(e, down->type, p0, &xs);
             matmul_block(m, down, (int64_t)ex * d, r0, r1, x, xs, cnt, e->y + (size_t)p0 * d, d);
         }
+        if (ns) {
+            if (fmt_s == PD_ACT_Q8) { x = e->sxq; xs = ns / PD_QK * sizeof(pd_q8); }
+            else if (fmt_s == PD_ACT_Q8K) { x = e->sxqk; xs = (ns / PD_QKK + 1) * sizeof(pd_q8k); }
+            else { x = e->sg; xs = (size_t)ns * sizeof(float); }
+            matmul_block(m, sdw, 0, r0, r1, x, xs, n, e->sy, d);
+        }
         for (int t = 0; t < n; t++) {
             float *dst = m->x + (size_t)t * d;
             const int32_t *pr = e->pair + (size_t)t * k;
@@ -313,6 +360,7 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
                 float acc = 0.0f;
                 for (int j = 0; j < k; j++)
                     acc += wt[j] * (e->y[(size_t)pr[j] * d + i] + (db ? db[(size_t)sel[j] * d + i] : 0.0f));
+                if (ns) acc += e->sgate[t] * e->sy[(size_t)t * d + i];
                 dst[i] += acc;
             }
         }

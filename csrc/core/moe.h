@@ -32,6 +32,12 @@ typedef struct {
     pd_q8k *xqk;         /* [P][in_stride / 256 + 1] the pairs' Q8_K inputs */
     float *g, *u;        /* [P][n_ff_exp] gate (then act(gate) * up) and up outputs */
     float *y;            /* [P][n_embd] the experts' down projections, before weighting */
+    /* the shared expert (n_ff_shexp > 0), per token: */
+    float *sg, *su;      /* [nb][n_ff_shexp] gate (then act(gate) * up) and up */
+    pd_q8 *sxq;          /* [nb][n_ff_shexp / 32] sg quantized for its down */
+    pd_q8k *sxqk;        /* [nb][n_ff_shexp / 256 + 1] */
+    float *sy;           /* [nb][n_embd] its down projection */
+    float *sgate;        /* [nb] its weight: sigmoid(gate_inp_shexp . x), or 1 */
 } pd_moe;
 
 struct pd_model;
