@@ -429,10 +429,12 @@ def test_bad_key_values(write, key, vtype, raw, what):
 
 
 def test_unsupported_rope_scaling(write):
+    """A scaling kind pydecode does not implement (HunYuan's 'dynamic' NTK) is refused by name, not
+    ignored (linear, YaRN, Llama 3's and LongRoPE's are implemented: tests/test_archs.py)."""
     def edit(h):
-        h.set("llama.rope.scaling.type", STR, _str("yarn"))
+        h.set("llama.rope.scaling.type", STR, _str("dynamic"))
         h.set("llama.rope.scaling.factor", 6, struct.pack("<f", 4.0))
-    _raises(write(edit), "RoPE scaling 'yarn'", "llama.rope.scaling.type", load=_load)
+    _raises(write(edit), "RoPE scaling 'dynamic'", "llama.rope.scaling.type", load=_load)
 
 
 def test_vocabulary_and_embedding_disagree(write):
