@@ -7,6 +7,7 @@ that is not a multiple of the kernels' rows per pass, and several weight formats
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import gguf
@@ -38,9 +39,11 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: flo
     """Llama 3.1/3.2's per-frequency divisors as llama.cpp's converter writes rope_freqs.weight
     (Llama-3.2-1B: factor 32, low/high frequency factors 1 and 4, original context 8192): the
     synthetic generator's function (bench/synthetic_shapes.py), one formula for both."""
-    spec = importlib.util.spec_from_file_location("synthetic_shapes", REPO / "bench" / "synthetic_shapes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = sys.modules.get("synthetic_shapes")
+    if mod is None:   # registered before it runs: its dataclasses look their module up there
+        spec = importlib.util.spec_from_file_location("synthetic_shapes", REPO / "bench" / "synthetic_shapes.py")
+        mod = sys.modules["synthetic_shapes"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     return np.array(mod.llama3_rope_freqs(head_dim, base, factor, low, high, orig_ctx), np.float32)
 
 
