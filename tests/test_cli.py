@@ -30,6 +30,20 @@ def test_info(smollm_path):
         assert word in r.stdout
 
 
+def test_info_full_context_kv_counts_the_windows(gemma_path):
+    """Gemma 3's sliding-window layers keep 512 positions, not the whole context: the KV figure at
+    full context is ArchConfig.kv_bytes's, not bytes per token x context."""
+    from pydecode.config import arch_config
+    from pydecode.gguf_file import GGUFFile
+
+    r = _cli("info", str(gemma_path))
+    assert r.returncode == 0, r.stderr
+    c = arch_config(GGUFFile(gemma_path))
+    assert f"{c.kv_bytes(c.n_ctx_train) / 1e6:.1f} MB at full context" in r.stdout, r.stdout
+    assert "sliding-window layers keep 512 positions" in r.stdout
+    assert c.kv_bytes(c.n_ctx_train) < c.kv_bytes_per_token() * c.n_ctx_train / 2
+
+
 def test_bad_model_is_a_clear_error(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"nope")

@@ -46,7 +46,9 @@ def info(model, model_arg):
     total = c.weight_bytes_per_token(g, active=False)
     click.echo(f"weights/token   {per_token / 1e6:.1f} MB read per decoded token" + (
         f" ({c.n_expert_used} of {c.n_expert} experts; {total / 1e6:.1f} MB with all of them)" if c.n_expert else ""))
-    click.echo(f"KV cache        {kv} bytes per token (F16), {kv * c.n_ctx_train / 1e6:.1f} MB at full context")
+    full = c.kv_bytes(c.n_ctx_train)   # sliding-window layers hold at most their window
+    click.echo(f"KV cache        {kv} bytes per token (F16), {full / 1e6:.1f} MB at full context"
+               + (f" (sliding-window layers keep {c.sliding_window} positions)" if c.sliding_window else ""))
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
     try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
         from ..model import Model
