@@ -27,7 +27,6 @@ X86_ISA_SOURCES = {
     "csrc/kernels/x86/avx512.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avx512_kquant.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avx512_kr16.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
-    "csrc/kernels/x86/avx512_iq4.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avx512_attn.c": (AVX512_FLAGS, "PD_HAVE_AVX512"),
     "csrc/kernels/x86/avxvnni.c": (["-mavxvnni", "-mavx2", "-mfma", "-mf16c"], "PD_HAVE_AVXVNNI"),
     "csrc/kernels/x86/avxvnni_evex.c": (["-mavx512vnni", "-mavx512vl", "-mavx512f", "-mavx2", "-mfma", "-mf16c"],

@@ -99,8 +99,9 @@ static void quantize_q8k(const float *x, pd_q8k *y, int k) {
 
 /* ---------------------------------------------------------------- block formats x pd_q8 */
 
-/* u - off is the signed quant: q4_0 8, q5_0 16, q8_0 128 (its bytes are flipped to w + 128) */
-AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : T == T_Q8_0 ? 128 : 0; }
+/* u - off is the signed quant: q4_0 8, q5_0 16, q8_0 128 (its bytes are flipped to w + 128), the
+ * codebook formats IQ4_NL / MXFP4 128 (their table looked up + 128: codebook256) */
+AI int offset(int T) { return T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : signed_quants(T) ? 128 : 0; }
 AI size_t qs_off(int T) {
     return T == T_Q4_0 ? offsetof(pd_block_q4_0, qs) : T == T_Q4_1 ? offsetof(pd_block_q4_1, qs)
          : T == T_Q5_0 ? offsetof(pd_block_q5_0, qs) : T == T_Q5_1 ? offsetof(pd_block_q5_1, qs)
@@ -108,8 +109,15 @@ AI size_t qs_off(int T) {
 }
 AI size_t qh_off(int T) { return T == T_Q5_0 ? offsetof(pd_block_q5_0, qh) : offsetof(pd_block_q5_1, qh); }
 
-/* Blocks at a and b as 64 unsigned quant bytes, a's 32 values in the low half (in order). */
+/* Blocks at a and b as 64 unsigned quant bytes, a's 32 values in the low half (in order). The
+ * codebook formats' are their nibbles' table entries + 128 (one vpshufb, the table in every lane). */
 AI __m512i unpack2(int T, const char *a, const char *b) {
+    if (T == T_IQ4_NL || T == T_MXFP4) {
+        __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + cb_qs_off(T))));
+        v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)(b + cb_qs_off(T))));
+        v = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(codebook256(T, 1))), v);
+    }
     if (T == T_Q8_0) {
         const __m512i v = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + qs_off(T)))),
@@ -147,7 +155,9 @@ AI void step_q(int T, int R, int C, int two, const char *wa, size_t ws, const ch
                int b, __m512 acc[4][QCMAX], __m256 macc[QCMAX], const char *pf) {
     const size_t bb = blk_bytes(T);
     const char *wb = two ? wa + bb : wa;
-    const __m256 dw = load_h8(wa, wb, ws, R, two);
+    const __m256 dw = T == T_MXFP4   /* its scale: an E8M0 byte; the others' an f16 at the block's start */
+        ? _mm256_set_m128(two ? load_scale4(T, wb, ws, R) : _mm_setzero_ps(), load_scale4(T, wa, ws, R))
+        : load_h8(wa, wb, ws, R, two);
     const __m256 mw = has_min(T) ? load_h8(wa + 2, wb + 2, ws, R, two) : _mm256_setzero_ps();
     __m512i xq[QCMAX], seed[QCMAX];
     __m256 dd[QCMAX];
@@ -216,6 +226,8 @@ AI void tile_q(int T, int R, int C, int nb, const char *w, size_t ws, const char
 PD_Q_MATMUL(matmul_q4_0, T_Q4_0)   /* over tile_q (tiles.h); Q8_0 below */
 PD_Q_MATMUL(matmul_q4_1, T_Q4_1)
 PD_Q_MATMUL(matmul_q5_0, T_Q5_0)
+PD_Q_MATMUL(matmul_iq4_nl, T_IQ4_NL)
+PD_Q_MATMUL(matmul_mxfp4, T_MXFP4)
 PD_Q_MATMUL(matmul_q5_1, T_Q5_1)
 
 /* The legacy formats repacked by 16 rows (PD_*_R16, built at load: see kernels.h). A register
@@ -384,8 +396,8 @@ static void matmul_q8_0(int k, const void *w, size_t ws, int nrows, const void *
  * exported as pd_avx512_matmul_q2_k .. q6_k. */
 pd_matmul_fn_t pd_avx512_matmul_q2_k, pd_avx512_matmul_q3_k, pd_avx512_matmul_q4_k, pd_avx512_matmul_q5_k,
     pd_avx512_matmul_q6_k;
-/* x86/avx512_iq4.c and x86/avx512_kquant.c: the codebook formats IQ4_NL, MXFP4 and IQ4_XS. */
-pd_matmul_fn_t pd_avx512_matmul_iq4_nl, pd_avx512_matmul_mxfp4, pd_avx512_matmul_iq4_xs;
+/* x86/avx512_kquant.c: the codebook format IQ4_XS. */
+pd_matmul_fn_t pd_avx512_matmul_iq4_xs;
 /* x86/avx512_kr16.c: Q4_K and Q6_K repacked by 16 rows. */
 pd_matmul_fn_t pd_avx512_matmul_q4_k_r16, pd_avx512_matmul_q6_k_r16;
 
@@ -568,8 +580,8 @@ void pd_avx512_attn_accum_mh(int kv_type, int nh, int hd, float *out, const floa
 const pd_kernels pd_kernels_avx512 = PD_TABLE_OVER_AVX2(
     "avx512", PD_BLOCK_MATMULS_OWN, .quantize_q8 = quantize_q8, .quantize_q8k = quantize_q8k,
     .matmul[PD_F32] = matmul_f32, .matmul[PD_F16] = matmul_f16, .matmul[PD_BF16] = matmul_bf16,
-    .matmul[PD_IQ4_NL] = pd_avx512_matmul_iq4_nl, .matmul[PD_IQ4_XS] = pd_avx512_matmul_iq4_xs,
-    .matmul[PD_MXFP4] = pd_avx512_matmul_mxfp4, .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16,
+    .matmul[PD_IQ4_NL] = matmul_iq4_nl, .matmul[PD_IQ4_XS] = pd_avx512_matmul_iq4_xs,
+    .matmul[PD_MXFP4] = matmul_mxfp4, .matmul[PD_IQ4_NL_R16] = matmul_iq4_nl_r16,
     .matmul[PD_MXFP4_R16] = matmul_mxfp4_r16,
     .matmul[PD_Q4_K_R16] = pd_avx512_matmul_q4_k_r16, .matmul[PD_Q6_K_R16] = pd_avx512_matmul_q6_k_r16,
     .f32_to_f16 = f32_to_f16, .sum_exp = sum_exp, .collect_above = collect_above,
