@@ -230,8 +230,6 @@ long pd_guard_faults(int id);
 /* Read bandwidth in GB/s (best of reps) streaming a buffer of `bytes` with n_threads (bandwidth.c). */
 double pd_probe_read_bandwidth(size_t bytes, int n_threads, int reps);
 
-int pd_draw_tail(const float *x, int n, float scale, float shift, const int32_t *skip, int n_skip,
-                 double target);
 /* Truncated draw over sorted candidates (top-p / min-p, then the draw); see sampling.c. */
 int pd_draw_candidates(const float *vals, int n, float inv_t, double z, double top_p, double min_p,
                        int can_grow, double u01);

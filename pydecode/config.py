@@ -90,7 +90,6 @@ OPTIONAL_TENSORS = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k
                     "attn_sinks.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
                     "ffn_down_exps.bias", "ffn_gate_inp_shexp.weight"}
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 @dataclass(frozen=True)
@@ -148,8 +147,7 @@ class ArchConfig:
                 lens = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_head_kv * self.head_dim)
                 self._split(views, qkv, [p + n for n in FUSED_TENSORS["attn_qkv.weight"]], lens)
             up = gguf.tensors.get(p + "ffn_up.weight")
-            if up is not None and p + "ffn_gate.weight" not in gguf.tensors and len(up.shape) == 2 \
-                    and tuple(up.shape) == (self.n_embd, 2 * self.n_ff):
+            if up is not None and p + "ffn_gate.weight" not in gguf.tensors and tuple(up.shape) == (self.n_embd, 2 * self.n_ff):
                 self._split(views, up, [p + n for n in FUSED_TENSORS["ffn_up.weight"]], (self.n_ff, self.n_ff))
         for src, dst in ARCHS[self.arch].get("renames", {}).items():   # a tensor another slot's name fits
             for l in range(self.n_layer):

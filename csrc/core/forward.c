@@ -111,7 +111,7 @@ static void residual_rows(pd_model *m, int n, int r0, int r1, const float *bias)
 }
 
 /* A matmul whose output goes into the residual stream: x += W @ xn (+ bias), or, with a post-norm
- * (gemma), x += rmsnorm(W @ xn), which needs whole rows and so one more (per-token) phase. */
+ * (gemma), x += rmsnorm(W @ xn + bias), which needs whole rows and so one more (per-token) phase. */
 static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *bias,
                                  const pd_tensor *post_norm, int n) {
     int d = m->c.n_embd, ch = pd_matmul_chunk_rows(d, wt->row_bytes, w->nth), nc = N_CHUNKS(d, ch);

@@ -175,8 +175,8 @@ int pd_top_k(const float *x, int n, int k, int32_t *ids, float *vals) {
 /* The first index i (in vocabulary order) where the running sum of exp(scale*(x - shift)) over
  * the ids NOT in `skip` (sorted ascending, n_skip of them) reaches target; -1 if never.
  * Used for the rare draw that lands in the tail outside the candidate list. */
-int pd_draw_tail(const float *x, int n, float scale, float shift, const int32_t *skip, int n_skip,
-                 double target) {
+static int draw_tail(const float *x, int n, float scale, float shift, const int32_t *skip, int n_skip,
+                     double target) {
     double s = 0.0;
     int j = 0;
     for (int i = 0; i < n; i++) {
@@ -403,7 +403,7 @@ int pd_sample_propose(const float *x, int n, int top_k, float inv_t, double top_
     if (!skip) return -1;
     memcpy(skip, p->ids, (size_t)k * sizeof *skip);
     qsort(skip, (size_t)k, sizeof *skip, cmp_id);
-    const int t = pd_draw_tail(x, n, inv_t, p->vals[0], skip, k, tail);
+    const int t = draw_tail(x, n, inv_t, p->vals[0], skip, k, tail);
     p->token = t >= 0 ? t : p->ids[k - 1];
     return p->token;
 }
