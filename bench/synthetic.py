@@ -12,7 +12,8 @@ attention sinks, sliding-window 128 / full layers, YaRN), llama-3.2-1b (llama3 R
 rope_freqs.weight), phi-4-mini (fused attn_qkv and gate+up, LongRoPE factors, 96 of 128 dims
 rotated). `--layers N` keeps the first N layers. The tensors have the shapes of the real model
 and the types llama.cpp's quantizer gives them for the mix (q4_k_m, q4_0, q8_0, iq4_xs, iq4_nl,
-mxfp4; see synthetic_shapes.tensor_type). Their blocks are random bytes whose scales are set so
+mxfp4; see synthetic_shapes.tensor_type), or every matrix in f16 / f32 (mixes f16, f32: not files
+people run, but an architecture's arithmetic without 8-bit rounding, for logprob_vs_llamacpp.py). Their blocks are random bytes whose scales are set so
 each matrix's entries have an RMS of about 1/sqrt(row length) (the head 4x that, so the logits
 spread a few nats): every kernel streams real bytes in the real layout, activations keep their
 size through the layers and the logits stay finite; the text is noise. The tokenizer is the family's
@@ -169,7 +170,8 @@ def _values(t, s: Shape, qtype: QT, rng: np.random.Generator) -> np.ndarray:
         gain = HEAD_GAIN if t.name == "output.weight" or (s.tied and t.name == "token_embd.weight") else 1.0
         return random_blocks(qtype, t.dims, rng, gain / np.sqrt(t.dims[-1]))
     if t.kind in ("mat", "router"):
-        x = (rng.standard_normal(t.dims) / np.sqrt(t.dims[-1])).astype(np.float32)
+        gain = HEAD_GAIN if t.kind == "mat" and (t.name == "output.weight" or (s.tied and t.name == "token_embd.weight")) else 1.0
+        x = (rng.standard_normal(t.dims, dtype=np.float32) * np.float32(gain / np.sqrt(t.dims[-1])))
         return x.astype(np.float16) if qtype == QT.F16 else x
     if t.kind == "ones":
         return np.ones(t.dims, np.float32)

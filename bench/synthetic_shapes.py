@@ -82,11 +82,15 @@ SHAPES = {
                             "attention.sliding_window": 262144}),
 }
 
-MIXES = ("q4_k_m", "q4_0", "q8_0", "iq4_xs", "iq4_nl", "mxfp4")
+MIXES = ("q4_k_m", "q4_0", "q8_0", "iq4_xs", "iq4_nl", "mxfp4", "f16", "f32")
 DEFAULT_TYPE = {"q4_k_m": QT.Q4_K, "q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "iq4_xs": QT.IQ4_XS,
-                "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4}
+                "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4, "f16": QT.F16, "f32": QT.F32}
 # general.file_type: llama_ftype's numbers (include/llama.h)
-FILE_TYPE = {"q4_k_m": 15, "q4_0": 2, "q8_0": 7, "iq4_xs": 30, "iq4_nl": 25, "mxfp4": 38}
+FILE_TYPE = {"q4_k_m": 15, "q4_0": 2, "q8_0": 7, "iq4_xs": 30, "iq4_nl": 25, "mxfp4": 38, "f16": 1, "f32": 0}
+# Float mixes (every matrix f16 or f32, gpt-oss's experts too) are not files people run: they are
+# for checking the arithmetic of an architecture without the 8-bit activation rounding that the
+# quantized formats bring (bench/logprob_vs_llamacpp.py: at f32 no runtime quantizes anything).
+FLOAT_MIXES = ("f16", "f32")
 # tensor_type_fallback: a row length the block does not divide gets a 32-block type instead
 FALLBACK = {QT.IQ4_XS: QT.IQ4_NL, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0, QT.Q2_K: QT.Q4_0,
             QT.Q3_K: QT.Q4_0}
@@ -125,6 +129,8 @@ def tensor_type(name: str, dims: tuple, layer: int, n_layer: int, mix: str, shap
     as the quantizer would quantize that smaller model, so its share of Q6_K layers stays real."""
     if not quantized(name, dims):
         return QT.F32
+    if mix in FLOAT_MIXES:
+        return DEFAULT_TYPE[mix]
     if shape.arch == "gpt-oss" and len(dims) == 3:
         return QT.MXFP4   # the real file's experts are MXFP4 (the converter repacks them as they are)
     t = default = DEFAULT_TYPE[mix]

@@ -103,7 +103,10 @@ def test_qwen3_moe_real_shapes():
     assert kv["attention.key_length"] == 128 and kv["attention.head_count_kv"] == 4
 
 
-@pytest.mark.parametrize("mix", synthetic.MIXES)
+QUANT_MIXES = [m for m in synthetic.MIXES if m not in ("f16", "f32")]
+
+
+@pytest.mark.parametrize("mix", QUANT_MIXES)
 def test_gpt_oss_real_shapes(mix):
     p = _types("gpt-oss-20b", mix)
     for n, dims in (("ffn_gate_exps", (32, 2880, 2880)), ("ffn_up_exps", (32, 2880, 2880)),
@@ -201,3 +204,22 @@ def test_real_shape_cut_writes(tmp_path):
         assert f.tensors["token_embd.weight"].type == QT.Q6_K and "blk.1.attn_q.weight" not in f.tensors
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("mix,want", [("f16", "F16"), ("f32", "F32")])
+def test_float_mixes_leave_nothing_quantized(mix, want):
+    """The float mixes (bench/logprob_vs_llamacpp.py's rounding-free check of an architecture):
+    every matrix, gpt-oss's experts too, in the mix's float type; norms and biases stay f32."""
+    for shape in ("gpt-oss-20b", "qwen3-30b-a3b", "phi-4-mini"):
+        for name, (dims, t) in _types(shape, mix, layers=2).items():
+            assert t == (want if name.endswith(".weight") and len(dims) > 1 and "gate_inp" not in name else "F32"), (shape, name)
+
+
+def test_a_float_mix_file_loads_and_decodes(tmp_path, smollm_path):
+    out = synthetic.write("tiny", "f16", tmp_path / "tiny-f16.gguf")
+    assert {t.tensor_type.name for t in GGUFReader(out).tensors if len(t.shape) > 1} == {"F16"}
+    with pydecode.Model(out, n_ctx=64, n_threads=2) as m:
+        logits = m.prefill([1, 2, 3, 4])
+        for i in range(4):
+            assert np.isfinite(logits).all() and np.std(logits) > 0.1
+            logits = m.decode_step(int(np.argmax(logits)), 4 + i)

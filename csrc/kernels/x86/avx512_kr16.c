@@ -20,10 +20,14 @@
 
 #define KR_CMAX 4   /* columns per tile */
 #ifndef KR_PF
-#define KR_PF 16    /* records ahead to prefetch into L2 (37 KB of Q4_K, 54 KB of Q6_K). On Zen 4
-                       the hardware prefetcher alone kept too few lines in flight for a loop this
-                       busy: synthetic 3B decode at 1 thread 9.2-10.3 -> 11.8-12.4 t/s, Qwen2.5
-                       1.5B 19.0-19.8 -> 22.2-23.5. (A next-record prefetch into L1 was slower.) */
+#define KR_PF 0     /* records ahead to prefetch into L2 (0: none; build with -DKR_PF=16 to try it).
+                       Once (a Zen 4 VM, 2026-12-01) 16 records ahead measured faster on dense
+                       decode; on the Zen 4 VM of 2026-12-03, with the weights in huge pages, the
+                       hardware prefetcher alone was as fast on dense files (synthetic Llama-3.2-3B
+                       1 thread 11.6-12.5 t/s either way) and faster on MoE ones, where 53
+                       prefetches per Q6_K record only take load slots: Qwen3-30B-A3B 8 layers
+                       37.8 -> 41.0 t/s (1 thread), 53.0 -> 57.2 (2 threads), its Q6_K head alone
+                       (1 layer) 67 -> 80. */
 #endif
 
 /* acc += dpbusd(u, the 4 activation bytes at p in every lane) (as x86/avx512.c). */
