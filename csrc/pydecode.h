@@ -153,7 +153,8 @@ int pd_model_grow_seq(pd_model *m, int n_seq);
 /* Weights repacked at load into a faster layout (pd_model_new): how many tensors, their bytes
  * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
 int pd_model_n_repacked(const pd_model *m);
-size_t pd_model_repacked_bytes(const pd_model *m);
+size_t pd_model_repacked_bytes(const pd_model *m);     /* every copy made at load, the small tensors' too */
+size_t pd_model_small_copy_bytes(const pd_model *m);   /* of those, the small tensors moved off the file */
 int pd_model_repacked_slot(const pd_model *m, int i);
 /* The sampling summary (sampling/summary.h): with inv_t > 0, every following step that returns one row
  * of logits also summarizes them, during its output-head phase, for a truncated draw at

@@ -267,8 +267,9 @@ class Model:
             self.repacked.append((label, t.type_name, t.n_bytes))
             log.debug("repacked %s (%s, %d bytes) into its interleaved layout", label, t.type_name, t.n_bytes)
         if self.repacked:
-            log.info("repacked %d tensors (%.1f MB) at load for the %s kernels", len(self.repacked),
-                     self.repacked_bytes / 1e6, self.isa)
+            log.info("repacked %d tensors (%.1f MB) at load for the %s kernels, and copied the small ones "
+                     "(%.0f kB) off the file", len(self.repacked), self.repacked_bytes / 1e6, self.isa,
+                     self.small_copy_bytes / 1e3)
 
     # ---- the two calls into C ----
 
@@ -522,8 +523,15 @@ class Model:
 
     @property
     def repacked_bytes(self) -> int:
-        """Memory held by weights repacked at load (a copy of those tensors, beyond the mapped file)."""
+        """Memory held by weights repacked at load (a copy of those tensors, beyond the mapped file),
+        including `small_copy_bytes`."""
         return int(lib.pd_model_repacked_bytes(self._ptr)) if self._ptr is not None else 0
+
+    @property
+    def small_copy_bytes(self) -> int:
+        """Of `repacked_bytes`, the small tensors (norms, biases, sinks) copied off the file beside
+        the repacked ones, so that reading them does not fault the released pages back in."""
+        return int(lib.pd_model_small_copy_bytes(self._ptr)) if self._ptr is not None else 0
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per decoded token (ArchConfig.weight_bytes_per_token)."""

@@ -748,9 +748,11 @@ def test_model_repacks_at_load_and_agrees_with_the_file_layout(smollm_path):
                 steps.append((t, logits.copy()))
                 logits = m.decode_step(t, len(seq))
                 seq.append(t)
-            runs[repack] = (steps, m.repacked, m.repacked_bytes, m.isa)
-    (a, packed, nbytes, isa_name), (b, none, zero, _) = runs[True], runs[False]
-    assert none == [] and zero == 0
+            runs[repack] = (steps, m.repacked, m.repacked_bytes - m.small_copy_bytes, m.isa, m.small_copy_bytes)
+    (a, packed, nbytes, isa_name, small), (b, none, zero, _, no_small) = runs[True], runs[False]
+    assert none == [] and zero == 0 and no_small == 0
+    # the norms copied off the file beside the repacked tensors: 30 layers x 2 + the output norm
+    assert small == (30 * 2 + 1) * 576 * 4 if packed else small == 0
     if isa_name in ("avx512", "avxvnni", "avx2"):
         assert len(packed) == 30 * 7 + 1 and all(t == "Q4_1" for _, t, _ in packed[1:])
         assert packed[0][:2] == ("token_embd.weight (as output.weight, the tied output head)", "Q8_0")

@@ -63,6 +63,8 @@ struct pd_model {
     size_t *repacked_size;
     int *repacked_slot, n_repacked;
     size_t repacked_bytes;
+    void *small_copy;        /* the small tensors moved off the file beside the repacked ones (load.c) */
+    size_t small_copy_size;
     uint8_t *local_layers;     /* the model's copy of cfg->local_layers (c.local_layers points here) */
     /* The sampling summary (summary.h): one candidate list per thread, stats per head chunk. */
     float summ_inv_t;          /* > 0: summarize steps that return one row of logits */
