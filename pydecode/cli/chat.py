@@ -76,6 +76,16 @@ def _read_input(prompt: str, to_stdout: bool) -> str:
 
 
 def _repl(session: ChatSession, llm, verbose: bool, banner: str) -> int:
+    # A Ctrl-C that lands outside input() and the answer (in the "again" notice after a first one,
+    # between two lines) quits as the second Ctrl-C would, not through click's "Aborted!" (exit 1).
+    try:
+        return _repl_loop(session, llm, verbose, banner)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 0
+
+
+def _repl_loop(session: ChatSession, llm, verbose: bool, banner: str) -> int:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
