@@ -26,10 +26,9 @@
  * matmul whose columns are its tokens, so its weights are streamed once per step (a decode
  * reads only its k experts). A batch gathers each pair's quantized input row into a contiguous
  * run per expert first; a one-token step reads the token's own row. Work is split in chunks of
- * (expert, rows) for gate/up, of rows over every chosen expert for down (which then adds the
- * weighted pairs of those rows into the residual stream, in the token's order of j, then the
- * shared expert's, whose gate/up chunks join the experts' phase and its down the same rows): each
- * value is computed the same way whatever the chunks, the thread count or the other tokens of
+ * (expert, rows) for gate/up and for down (the shared expert's chunks join each phase), then a
+ * last phase adds each token's weighted pairs into the residual stream, in the token's order of
+ * j, then the shared expert's: each value is computed the same way whatever the chunks, the thread count or the other tokens of
  * the step (the kernels compute every row and column alike in any tile), so decode, batch and
  * prefill of a token give the same bits.
  */
@@ -333,24 +332,36 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
         END_PHASE(w, P + (ns ? n : 0));
     }
 
-    /* 6. down of every chosen expert, in chunks of rows; those rows of each token's k pairs then
-     *    weighted and summed in the order of j, into the residual stream */
-    ch = pd_matmul_chunk_rows(d, down->row_bytes * (size_t)(na > 0 ? na : 1), w->nth);
-    nc = N_CHUNKS(d, ch);
+    /* 6. down of each chosen expert over its tokens, in chunks of (expert, rows) as gate and up:
+     *    each chunk one contiguous run of one expert's rows, so a decode streams k long runs (in
+     *    chunks of rows over every expert it read k short pieces per chunk, each a new stream for
+     *    the prefetcher); the shared expert's down over every token, in chunks of rows */
+    const int dch = chunk_rows((int64_t)na * d, down->row_bytes, w->nth, d), dper = N_CHUNKS(d, dch);
+    const int sdch = ns ? pd_matmul_chunk_rows(d, sdw->row_bytes, w->nth) : 1;
+    nc = na * dper + (ns ? N_CHUNKS(d, sdch) : 0);
     FOR_CHUNKS(w, nc, ci) {
-        const int r0 = ci * ch, r1 = r0 + ch < d ? r0 + ch : d;
-        for (int a = 0; a < na; a++) {
-            const int ex = e->active[a], p0 = e->start[ex], cnt = e->start[ex + 1] - p0;
-            if (fmt_d == PD_ACT_F32) { xs = (size_t)nf * sizeof(float); x = e->g + (size_t)p0 * nf; }
-            else x = pair_rows(e, down->type, p0, &xs);
-            matmul_block(m, down, (int64_t)ex * d, r0, r1, x, xs, cnt, e->y + (size_t)p0 * d, d);
-        }
-        if (ns) {
+        if (ci >= na * dper) {
+            const int r0 = (ci - na * dper) * sdch, r1 = r0 + sdch < d ? r0 + sdch : d;
             if (fmt_s == PD_ACT_Q8) { x = e->sxq; xs = ns / PD_QK * sizeof(pd_q8); }
             else if (fmt_s == PD_ACT_Q8K) { x = e->sxqk; xs = (ns / PD_QKK + 1) * sizeof(pd_q8k); }
             else { x = e->sg; xs = (size_t)ns * sizeof(float); }
             matmul_block(m, sdw, 0, r0, r1, x, xs, n, e->sy, d);
+            continue;
         }
+        const int ex = e->active[ci / dper], r0 = ci % dper * dch, r1 = r0 + dch < d ? r0 + dch : d;
+        const int p0 = e->start[ex], cnt = e->start[ex + 1] - p0;
+        if (fmt_d == PD_ACT_F32) { xs = (size_t)nf * sizeof(float); x = e->g + (size_t)p0 * nf; }
+        else x = pair_rows(e, down->type, p0, &xs);
+        matmul_block(m, down, (int64_t)ex * d, r0, r1, x, xs, cnt, e->y + (size_t)p0 * d, d);
+    }
+    END_PHASE(w, nc);
+
+    /* 7. each token's k pairs weighted and summed in the order of j (then the shared expert's),
+     *    into the residual stream, in chunks of rows (n x k x d adds: one chunk per thread) */
+    ch = (d / (w->nth > 0 ? w->nth : 1) + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    nc = N_CHUNKS(d, ch);
+    FOR_CHUNKS(w, nc, ci) {
+        const int r0 = ci * ch, r1 = r0 + ch < d ? r0 + ch : d;
         for (int t = 0; t < n; t++) {
             float *dst = m->x + (size_t)t * d;
             const int32_t *pr = e->pair + (size_t)t * k;

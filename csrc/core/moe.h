@@ -50,5 +50,5 @@ void pd_moe_free(struct pd_model *m);
 /* The config's MoE fields, checked at load (hostile counts): PD_OK or an error in err. */
 int pd_moe_check_config(const pd_config *c, char *err, int len);
 /* Phases an MoE layer runs beyond a dense one (pd_step_phases). */
-#define PD_MOE_EXTRA_PHASES 3
+#define PD_MOE_EXTRA_PHASES 4
 #endif
