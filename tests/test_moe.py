@@ -120,6 +120,15 @@ def test_same_bits_however_tokens_are_grouped(moe_path):
     assert np.array_equal(m.prefill(prompts[1], all_logits=True), alone[1][1])
 
 
+def test_more_threads_than_rows_gives_the_same_bits(moe_path):
+    """100 threads over the tiny model's 64-wide residual: most threads get no rows of a phase
+    (the weighted sum's chunks once came out 0 rows wide there: a division by zero)."""
+    toks = [1, 2, 3, 4, 5]
+    one, many = (pydecode.Model(moe_path, n_ctx=64, n_threads=t) for t in (1, 100))
+    assert np.array_equal(many.prefill(toks, all_logits=True), one.prefill(toks, all_logits=True))
+    assert np.array_equal(many.decode_step(7, len(toks)), one.decode_step(7, len(toks)))
+
+
 def test_batched_and_speculative_decoding_equal_plain(moe_path, tmp_path, monkeypatch):
     monkeypatch.setattr(speculative.Tuner, "choose", lambda self, k_max, base=1, key=None: k_max)
     prompts = ["abab abab abab ab", "hello there", "x"]

@@ -28,9 +28,9 @@
  * run per expert first; a one-token step reads the token's own row. Work is split in chunks of
  * (expert, rows) for gate/up and for down (the shared expert's chunks join each phase), then a
  * last phase adds each token's weighted pairs into the residual stream, in the token's order of
- * j, then the shared expert's: each value is computed the same way whatever the chunks, the thread count or the other tokens of
- * the step (the kernels compute every row and column alike in any tile), so decode, batch and
- * prefill of a token give the same bits.
+ * j, then the shared expert's: each value is computed the same way whatever the chunks, the
+ * thread count or the other tokens of the step (the kernels compute every row and column alike
+ * in any tile), so decode, batch and prefill of a token give the same bits.
  */
 #include "core/model.h"
 
@@ -358,7 +358,8 @@ int pd_moe_ffn(pd_worker *w, step_ctx *s, int l) {
 
     /* 7. each token's k pairs weighted and summed in the order of j (then the shared expert's),
      *    into the residual stream, in chunks of rows (n x k x d adds: one chunk per thread) */
-    ch = (d / (w->nth > 0 ? w->nth : 1) + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    const int per = (d + (w->nth > 0 ? w->nth : 1) - 1) / (w->nth > 0 ? w->nth : 1);   /* >= 1: d > 0 */
+    ch = (per + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
     nc = N_CHUNKS(d, ch);
     FOR_CHUNKS(w, nc, ci) {
         const int r0 = ci * ch, r1 = r0 + ch < d ? r0 + ch : d;
