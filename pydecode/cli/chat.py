@@ -170,12 +170,7 @@ def _repl_loop(session: ChatSession, llm, verbose: bool, banner: str) -> int:
 @common.sampling_options
 @common.structure_options
 @click.option("-v", "--verbose", is_flag=True, help="Print tokens/s and time to first token after each answer.")
-@common.threads_opt
-@common.ctx_opt
-@common.isa_opt
-@common.draft_opt
-@common.kv_type_opt
-@common.prompt_cache_opt
+@common.runtime_options
 def chat(model, model_arg, prompt, system, max_tokens, verbose, threads, n_ctx, isa, draft, kv_type, prompt_cache,
          **kw):
     """Chat with MODEL in the terminal.

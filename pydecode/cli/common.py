@@ -217,6 +217,15 @@ draft_opt = click.option(
          "(registry name or .gguf path, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b).")
 
 
+
+def runtime_options(f):
+    """The flags of `run` and `chat` that shape the loaded model: threads, context, ISA table,
+    draft, KV cache type, prompt cache (in that order in --help)."""
+    for opt in reversed((threads_opt, ctx_opt, isa_opt, draft_opt, kv_type_opt, prompt_cache_opt)):
+        f = opt(f)
+    return f
+
+
 def load_llm(path, n_ctx, threads, isa, n_seq: int = 1, draft: str | None = None, kv_type: str = "f16"):
     """The LLM, with a warning when -c asks for more than the model was trained on."""
     from ..llm import load

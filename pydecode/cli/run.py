@@ -41,12 +41,7 @@ def stats_dict(c) -> dict:
 @click.option("-s", "--system", default=None, help="System prompt (implies --chat).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (text, tokens, finish_reason, stop_detail, stats) and nothing else.")
-@common.threads_opt
-@common.ctx_opt
-@common.isa_opt
-@common.draft_opt
-@common.kv_type_opt
-@common.prompt_cache_opt
+@common.runtime_options
 @click.option("--stats/--no-stats", default=True, show_default=True, help="Print timing to stderr.")
 def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system, as_json, threads, n_ctx, isa,
         draft, kv_type, prompt_cache, stats, **kw):
