@@ -157,7 +157,7 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
 
 void pd_model_free(pd_model *m) {
     if (!m) return;
-    if (m->pool) pd_pool_free(m->pool);
+    if (m->pool) { pd_pool_quiesce(m->pool); pd_pool_free(m->pool); }   /* then nothing reads m */
     if (m->kc) for (int l = 0; l < m->c.n_layer; l++) free(m->kc[l]);
     if (m->vc) for (int l = 0; l < m->c.n_layer; l++) free(m->vc[l]);
     free(m->kc); free(m->vc); free(m->kv_cap); free(m->lt);

@@ -55,6 +55,7 @@ struct pd_pool {
     atomic_int stop;
     atomic_int done;           /* workers finished with the current run */
     atomic_int refs;           /* models running their steps on it (a draft shares its target's) */
+    atomic_int *finished;      /* per worker: the last generation it is through with (pd_pool_quiesce) */
     int n_active;              /* threads that run fn this run (the others only count as done) */
     pd_task_fn fn;
     void *ctx;
@@ -93,6 +94,7 @@ static void *worker_main(void *arg_) {
         idle = ith >= p->n_active;
         if (!idle) p->fn(p->ctx, ith, p->n_active);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+        atomic_store_explicit(&p->finished[ith], gen, memory_order_release);
     }
     return NULL;
 }
@@ -106,7 +108,8 @@ pd_pool *pd_pool_new(int n_threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!p->threads) { free(p); return NULL; }
+    p->finished = calloc((size_t)n_threads, sizeof(atomic_int));
+    if (!p->threads || !p->finished) { free(p->threads); free(p->finished); free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
         if (!a) { p->n = i; break; }
@@ -131,7 +134,23 @@ void pd_pool_free(pd_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);
+    free((void *)p->finished);
     free(p);
+}
+
+/* An async run's caller returns when its step's last phase has ended, while a worker may still
+ * be on its way out of that step: in pd_phase_end or pd_chunk reading the phases, or copying the
+ * step through its seqlock. The model's memory may be freed only once every worker is through
+ * with the last run (or a later one): a draft shares its target's pool, so freeing either model
+ * does not join the threads (seen under ASan: a worker in pd_phase_end on the freed phases). */
+void pd_pool_quiesce(pd_pool *p) {
+    if (!p) return;
+    const int gen = atomic_load_explicit(&p->generation, memory_order_acquire);
+    for (int i = 1; i < p->n; i++) {
+        int spins = 0;   /* the difference, not <: the generation wraps after 2^31 runs */
+        while ((int)((unsigned)atomic_load_explicit(&p->finished[i], memory_order_acquire) - (unsigned)gen) < 0)
+            backoff(&spins);
+    }
 }
 
 int pd_pool_size(const pd_pool *p) { return p->n; }

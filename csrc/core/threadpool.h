@@ -13,6 +13,9 @@ void pd_pool_free(pd_pool *p);
 /* One more reference (a second model running its steps on this pool); returns p. */
 pd_pool *pd_pool_ref(pd_pool *p);
 int pd_pool_size(const pd_pool *p);
+/* Waits until every worker is through with the latest run (an async one may outlive its
+ * caller's return by a few instructions): before freeing anything a run reads. */
+void pd_pool_quiesce(pd_pool *p);
 /* Runs fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are done
  * (the bandwidth probe; a forward step uses pd_pool_run_async). */
 void pd_pool_run(pd_pool *p, pd_task_fn fn, void *ctx);
