@@ -20,6 +20,7 @@ import numpy as np
 from .errors import ContextFullError
 from .model import token_ids
 from .sampling import Sampler, SamplingParams, top_logprobs
+from .tokenizer.common import check_text
 
 
 @dataclass
@@ -160,11 +161,7 @@ def prompt_ids(tokenizer, prompt, n_vocab: int) -> list[int]:
     sequence of ints (numpy integers too) is taken as ids. Anything else is a TypeError, an id
     outside the vocabulary or text that is not valid Unicode a ValueError, each naming `prompt`."""
     if isinstance(prompt, str):
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"prompt is not valid text: {e.reason} at index {e.start} "
-                             f"({prompt[e.start:e.end]!r}, a lone surrogate?)") from None
+        check_text(prompt, "prompt")
         return tokenizer.encode(prompt)
     if isinstance(prompt, (bytes, bytearray, memoryview)):
         raise TypeError("prompt must be a str or a sequence of token ids, not bytes "

@@ -131,7 +131,7 @@ _TOKENIZERS: list | None = None
 
 
 def _tokenizers() -> list:
-    """(name, Tokenizer, bytes with a token or None, surrogates refused cleanly) per vocabulary."""
+    """(name, Tokenizer, bytes with a token or None) per vocabulary."""
     global _TOKENIZERS
     if _TOKENIZERS is None:
         found = []
@@ -157,30 +157,18 @@ def _tokenizers() -> list:
                 lossless = frozenset(b for b in range(256) if bytes([b]) in have)
             else:
                 lossless = None
-            _TOKENIZERS.append((p.name, tok, lossless, _surrogates_refused(tok)))
+            _TOKENIZERS.append((p.name, tok, lossless))
     return _TOKENIZERS
-
-
-def _surrogates_refused(tok) -> bool:
-    """Whether a lone surrogate in text gets an allowed error (tokenizer.py does not check yet:
-    the backends raise TypeError / RuntimeError; tests/test_hostile.py has it as an xfail)."""
-    try:
-        tok.encode("a\ud800")
-    except ALLOWED:
-        return True
-    except Exception:
-        return False
-    return True
 
 
 def tokenizer_target(data: bytes) -> None:
     if len(data) < 2:
         return
     toks = _tokenizers()
-    name, tok, lossless, surrogates_ok = toks[data[0] % len(toks)]
+    name, tok, lossless = toks[data[0] % len(toks)]
     mode, body = data[1] % 4, data[2:]
     if mode < 2:   # text
-        text = body.decode("utf-8", "surrogateescape" if surrogates_ok else "replace")
+        text = body.decode("utf-8", "surrogateescape")   # lone surrogates too: a TokenizerError
         try:
             ids = tok.encode(text, add_special=bool(mode), parse_special=bool(mode))
         except ALLOWED:

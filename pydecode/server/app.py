@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -46,14 +47,36 @@ async def read_json(request: Request, cap: int) -> dict:
         if n > cap:
             raise APIError(413, f"the request body is over {cap} bytes (--max-body)", code="body_too_large")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, RecursionError) as e:   # bad JSON, bad UTF-8, nesting past Python's stack
         raise APIError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    _refuse_lone_surrogates(raw, body)
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}",
                        code="invalid_json")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(raw: bytes, body) -> None:
+    """JSON's "\\ud800" escape parses to a str no encoder takes (every later step would fail on
+    it: the tokenizer, the template, the reply): 400 here, for every field at once. Raw UTF-8
+    cannot hold a surrogate (json.loads refused it), so only a body with such an escape is
+    checked, by encoding it back (its pairs are fine: they parse to one character)."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"the request body is not valid text: a string holds a lone surrogate "
+                            f"({e.object[e.start:e.end]!r}), which is not a Unicode character",
+                       code="invalid_json") from None
 
 
 def check_model(state: ServerState, body: dict) -> None:

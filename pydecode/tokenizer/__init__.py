@@ -20,7 +20,7 @@ import os
 import re
 
 from .bpe import _PRE_TOKENIZERS, _ByteLevelBPE, _SpaceEscapedBPE
-from .common import BYTE, CONTROL, EOG_MARKERS, NORMAL, UNKNOWN, USER_DEFINED, TokenizerError
+from .common import BYTE, CONTROL, EOG_MARKERS, NORMAL, UNKNOWN, USER_DEFINED, TokenizerError, check_text
 from .incremental import IncrementalDecoder
 from .spm import _SentencePiece
 
@@ -203,7 +203,9 @@ class Tokenizer:
         add_special: add BOS (and EOS) as the model asks (`add_bos`/`add_eos`).
         parse_special: control tokens written in the text ("<|im_start|>") become their id;
         when False they are tokenized as plain text. User-defined tokens always match.
+        Text that is not valid Unicode (a lone surrogate) is a TokenizerError (a ValueError).
         """
+        check_text(text)
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self.bos_id)

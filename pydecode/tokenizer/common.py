@@ -17,3 +17,14 @@ EOG_MARKERS = (
 
 class TokenizerError(ValueError):
     """The GGUF tokenizer metadata cannot be used, or a token id is out of range."""
+
+
+def check_text(text: str, name: str = "text") -> None:
+    """A str that is not valid Unicode (a lone surrogate, "\\ud800": JSON and Python both let
+    one in) is a TokenizerError naming `name` and the index: the backends would raise a TypeError
+    (`tokenizers`) or RuntimeError (sentencepiece), and no token stands for it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TokenizerError(f"{name} is not valid text: {e.reason} at index {e.start} "
+                             f"({text[e.start:e.end]!r}, a lone surrogate?)") from None
