@@ -65,12 +65,34 @@ class Grammar:
         return f"Grammar({self.what})"
 
 
+MAX_SCHEMA_DEPTH = 128   # nested objects and arrays of a schema (real ones use under 20)
+
+
+def _too_deep(schema, limit: int) -> bool:
+    """Whether `schema` nests more than `limit` dicts and lists (walked without recursion: the
+    check must not hit the stack limit it exists to avoid)."""
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
 def _schema_text(schema, name: str) -> str:
+    deep = ValueError(f"{name} nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep "
+                      f"(the limit of this server and library)")
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
+        except RecursionError:
+            raise deep from None
         except ValueError as e:
             raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if _too_deep(schema, MAX_SCHEMA_DEPTH):
+        raise deep
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
@@ -78,6 +100,8 @@ def _schema_text(schema, name: str) -> str:
                          f"got {type(schema).__name__}")
     try:
         return json.dumps(schema)
+    except RecursionError:   # a structure that refers to itself
+        raise deep from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{name} cannot be written as JSON: {e}") from None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -104,10 +105,10 @@ def parse(model, data, what: str = "state") -> tuple[list[int], memoryview]:
         raise StateFileError(f"{what}: checksum mismatch: the file is truncated or corrupted")
     if hlen > _MAX_HEADER or _PREFIX.size + hlen > len(view) - _DIGEST:
         raise StateFileError(f"{what}: header length {hlen} does not fit in the file")
-    try:
+    try:   # RecursionError: a header nested deeper than Python's stack (none of ours nests)
         head = json.loads(bytes(view[_PREFIX.size:_PREFIX.size + hlen]))
         tokens, n_payload = head["tokens"], head["payload_bytes"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise StateFileError(f"{what}: the header is not a valid state header") from None
     if head.get("model_fingerprint") != fingerprint(model):
         raise StateFileError(f"{what}: saved by another model ({head.get('model_name')!r}); "
@@ -117,7 +118,7 @@ def parse(model, data, what: str = "state") -> tuple[list[int], memoryview]:
                              f"(load it with kv_type={head.get('kv_type')!r})")
     if head.get("shapes") != _shapes(model):
         raise StateFileError(f"{what}: saved with cache shapes {head.get('shapes')}, not this model's")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < model.n_vocab for t in tokens):
+    if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < model.n_vocab for t in tokens):   # not bool
         raise StateFileError(f"{what}: the header's tokens are not token ids of this model")
     if len(tokens) > model.n_ctx:
         raise StateFileError(f"{what}: holds {len(tokens)} tokens, more than this model's context "
@@ -145,6 +146,10 @@ def save(model, path: str | os.PathLike, slot: int, tokens: list[int]) -> int:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
+        try:   # a replaced file keeps its mode; a new one stays private (0600: it holds a conversation)
+            os.fchmod(fd, stat.S_IMODE(os.stat(path).st_mode))
+        except OSError:
+            pass
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -167,11 +172,57 @@ def save(model, path: str | os.PathLike, slot: int, tokens: list[int]) -> int:
     return len(data)
 
 
+def max_bytes(model) -> int:
+    """The largest state file `model` can have made: its header (the token list of a full
+    context and the fixed fields) and a full slot's K/V."""
+    return _PREFIX.size + min(_MAX_HEADER, 16 * model.n_ctx + (64 << 10)) + model.kv_export_bytes(model.n_ctx) + _DIGEST
+
+
+def read_file(model, path: str | os.PathLike) -> bytes:
+    """The bytes of the state file at `path`, read only if it can be one of `model`'s: a regular
+    file (not a device such as /dev/zero, a FIFO that blocks for a writer or a folder; opened
+    without blocking and checked on the opened descriptor, so a symlink swapped meanwhile
+    changes nothing) no larger than max_bytes. StateFileError otherwise; OSError if unreadable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateFileError(f"{path}: not a regular file, so not a state file")
+        cap = max_bytes(model)
+        if st.st_size > cap:
+            raise StateFileError(f"{path}: {st.st_size} bytes, more than any state file of this model "
+                                 f"({cap} bytes at most at n_ctx {model.n_ctx})")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        data = f.read(cap + 1)
+    if len(data) > cap:   # it grew while read
+        raise StateFileError(f"{path}: more than {cap} bytes, more than any state file of this model")
+    return data
+
+
+def replaceable(path: str | os.PathLike) -> bool:
+    """Whether a state may be written over `path`: absent, empty, or a regular file that starts
+    like a state file (of any model: --prompt-cache replaces a stale one). Anything else (a
+    document, a device, a FIFO, a folder) is never overwritten."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return not os.path.islink(path)   # a dangling symlink: writing would follow it
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and (st.st_size == 0 or os.read(fd, len(MAGIC)) == MAGIC)
+    finally:
+        os.close(fd)
+
+
 def load(model, path: str | os.PathLike, slot: int, *, lease: object = None) -> list[int]:
     """Restores the state file at `path` into slot `slot`; returns the tokens it holds."""
-    with open(path, "rb") as f:
-        data = f.read()
-    return loads(model, data, slot, str(path), lease=lease)
+    return loads(model, read_file(model, path), slot, str(path), lease=lease)
 
 
 # ---- through the model's SlotLedger: what an LLM or an Engine saves and restores ----
@@ -220,6 +271,4 @@ def save_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[
 
 def load_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[int, list[int]]:
     """Restores the state file at `path` (import_slot). Returns (slot, tokens)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    return import_slot(model, data, slot, str(path))
+    return import_slot(model, read_file(model, path), slot, str(path))

@@ -371,6 +371,12 @@ class Model:
             self._check(lib.pd_model_kv_export(self._ptr, slot, n_pos, ffi.from_buffer(buf), len(buf)))
         return buf
 
+    def kv_export_bytes(self, n_pos: int) -> int:
+        """Bytes export_kv gives for n_pos positions."""
+        with self._lock:
+            self._usable(None, None)
+            return int(lib.pd_model_kv_export_bytes(self._ptr, n_pos))
+
     def import_kv(self, seq: int, n_pos: int, data, *, lease: object = None) -> None:
         """Writes what export_kv gave (of a model of the same shapes and kv_type) into slot seq:
         its steps then continue from position n_pos exactly as the exporter's would. `lease` as

@@ -118,6 +118,43 @@ def test_refused_files_change_nothing(target, saved, tmp_path):
     assert kvstate.loads(target, data, 0) == toks            # the intact file restores
 
 
+def _with_header(header: bytes, payload: bytes = b"") -> bytes:
+    """A state file around `header` with a valid checksum (what a hostile writer can make)."""
+    import hashlib
+    body = kvstate._PREFIX.pack(kvstate.MAGIC, kvstate.VERSION, len(header)) + header + payload
+    return body + hashlib.sha256(body).digest()
+
+
+def test_hostile_headers_and_files_are_state_file_errors(target, saved, tmp_path):
+    data, toks = saved
+    target.prefill([5, 6, 7, 8, 9])
+    before = target.export_kv(0, 5)
+    hlen = kvstate._PREFIX.unpack_from(data, 0)[2]
+    head = json.loads(data[kvstate._PREFIX.size:kvstate._PREFIX.size + hlen])
+    payload = data[kvstate._PREFIX.size + hlen:-32]
+    for header in (b"[" * 100_000 + b"]" * 100_000,                       # was a RecursionError
+                   json.dumps({**head, "tokens": [True] + toks[1:]}).encode(),   # true was taken as id 1
+                   json.dumps({**head, "tokens": {"a": [[[[]]]]}}).encode()):
+        with pytest.raises(kvstate.StateFileError, match="header"):
+            kvstate.loads(target, _with_header(header, payload), 0)
+        assert _slot_unchanged(target, before)
+    fifo, sparse, zero = tmp_path / "fifo", tmp_path / "sparse", tmp_path / "zero"
+    os.mkfifo(fifo)                                                    # no writer: open() used to block
+    with open(sparse, "wb") as f:
+        f.truncate(8 << 30)                                            # 8 GiB of holes: read whole before
+    zero.symlink_to("/dev/zero")
+    for path, want in ((fifo, "not a regular file"), (zero, "not a regular file"), (tmp_path, "not a regular file"),
+                       (sparse, "more than any state file of this model")):
+        with pytest.raises(kvstate.StateFileError, match=want):
+            kvstate.load(target, path, 0)
+        assert _slot_unchanged(target, before)
+    assert kvstate.max_bytes(target) >= len(data)
+    good = tmp_path / "good.pdkv"
+    assert kvstate.save(target, good, 0, [5, 6, 7, 8, 9]) > 0 and kvstate.load(target, good, 0) == [5, 6, 7, 8, 9]
+    assert not any(kvstate.replaceable(p) for p in (fifo, zero, tmp_path, tmp_path / "sparse"))
+    assert kvstate.replaceable(good) and kvstate.replaceable(tmp_path / "absent")
+
+
 def test_truncated_or_flipped_anywhere_never_loads(target, saved):
     data, _ = saved
     target.prefill([5, 6, 7, 8, 9])
@@ -249,3 +286,12 @@ def test_prompt_cache_round_trip_through_the_cli(smollm_path, tmp_path):
     assert bad.returncode == 0 and "prompt cache ignored" in bad.stderr and "checksum" in bad.stderr
     assert json.loads(bad.stdout)["text"] == runs[0]["text"]
     assert kvstate.parse(pydecode.Model(smollm_path, n_ctx=64, n_threads=1), cache.read_bytes())
+    cache.write_bytes(_with_header(b"[" * 100_000 + b"]" * 100_000))   # a hostile header: a warning too
+    deep = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert deep.returncode == 0 and "prompt cache ignored" in deep.stderr and "Traceback" not in deep.stderr
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    cmd[cmd.index(str(cache))] = str(notes)                            # not a state file: never replaced
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "not a pydecode state file" in refused.stderr, refused.stderr
+    assert notes.read_text() == "my notes\n"

@@ -284,6 +284,14 @@ def test_choices_of_one_end_before_any_step(smol):
     assert c.text == "only this" and c.finish_reason == "stop" and c.complete
 
 
+def _nested(depth: int) -> dict:
+    schema = inner = {"type": "object"}
+    for _ in range(depth):
+        inner["properties"] = {"a": {"type": "object"}}
+        inner = inner["properties"]["a"]
+    return schema
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(json_schema="{not json"), "json_schema is not valid JSON"),
     (dict(json_schema={"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}), "unclosed group"),
@@ -299,6 +307,8 @@ def test_choices_of_one_end_before_any_step(smol):
     (dict(response_format={"type": "json_schema"}), "needs a json_schema object"),
     (dict(regex="a", choices=["a"]), "at most one"),
     (dict(json_schema={"type": "object"}, ignore_eos=True), "ignore_eos"),
+    (dict(json_schema=_nested(500)), "more than 128 levels deep"),            # was a RecursionError
+    (dict(json_schema='{"a":' * 10_000 + "1" + "}" * 10_000), "more than 128 levels deep"),
 ])
 def test_a_bad_constraint_fails_before_decoding(smol, kw, words):
     eng = smol.engine

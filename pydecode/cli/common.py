@@ -181,15 +181,20 @@ kv_type_opt = click.option(
 prompt_cache_opt = click.option(
     "--prompt-cache", "prompt_cache", type=click.Path(dir_okay=False), default=None, metavar="FILE",
     help="Keep the KV cache in FILE: the longest prefix of the prompt it holds is restored instead "
-         "of prefilled, and FILE is updated after the run (a file of another model or --kv-type is "
-         "ignored with a warning, then replaced).")
+         "of prefilled, and FILE is updated after the run (a state of another model or --kv-type is "
+         "ignored with a warning, then replaced; a file that is not a state file is never replaced).")
 
 
 def restore_prompt_cache(llm, path) -> int:
     """--prompt-cache: restores FILE's tokens and K/V into the LLM (its next prompt reuses the
     prefix they share); returns the tokens restored, 0 when FILE is absent or does not fit."""
-    from ..kvstate import StateFileError
-    if not path or not os.path.exists(path):
+    from ..kvstate import StateFileError, replaceable
+    if not path:
+        return 0
+    if not replaceable(path):
+        raise click.BadParameter(f"{path} exists and is not a pydecode state file: refusing to replace it "
+                                 f"(remove it or name another FILE)", param_hint="--prompt-cache")
+    if not os.path.exists(path):
         return 0
     try:
         return len(llm.load_state(path))
