@@ -292,16 +292,21 @@ class Constraint:
                                              # which every generation makes)
 
     def _raise_if_error(self) -> None:
-        if self.matcher.is_error():
-            raise ConstraintError(f"{self.grammar.what}: {self.matcher.get_error()}")
+        if self.matcher.is_error():   # its first line: the rest is llguidance's parser state dump
+            why = (self.matcher.get_error().strip().splitlines() or ["failed"])[0][:300]
+            if why == "NoExtensionBias":   # llguidance's word for an empty language
+                why = "it matches no text at all (no token can start or continue it)"
+            raise ConstraintError(f"{self.grammar.what}: the grammar failed: {why}")
 
     def _mask(self):
-        """The mask of the current state: bit i of words set = token i allowed. (A matcher in
-        error allows nothing: choose raises, naming it.)"""
+        """The mask of the current state: bit i of words set = token i allowed. A matcher that
+        fails computing it (a grammar past llguidance's item limit, one that can never match)
+        leaves only the end tokens allowed: that would read as a normal stop, so it raises."""
         t0 = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
         self.mask_s += time.perf_counter() - t0
         self.masks += 1
+        self._raise_if_error()
         return self._wptr
 
     def _allows(self, token: int) -> bool:

@@ -318,6 +318,20 @@ def test_a_bad_constraint_fails_before_decoding(smol, kw, words):
     assert eng.n_active == 0 and eng.n_queued == 0
 
 
+@pytest.mark.parametrize("kw, words", [
+    (dict(regex=r"[^\s\S]"), "matches no text at all"),
+    (dict(grammar="root ::= x\nx ::= x"), "matches no text at all"),
+    (dict(grammar='root ::= ([a-z] | "if")+ "."'), "Too many items"),     # llguidance's mask item limit
+])
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_a_failing_grammar_is_an_error_not_a_stop(smol, kw, words, temperature):
+    # the failed matcher's mask allows only the end tokens: that was an empty "stop" (HTTP 200)
+    with pytest.raises(pydecode.constraint.ConstraintError, match=words) as e:
+        smol.generate("Write:", 8, temperature=temperature, **kw)
+    assert "<state>" not in str(e.value) and len(str(e.value)) < 500   # not llguidance's state dump
+    assert smol.engine.n_active == 0 and smol.generate("Hi", 2).stats.generated_tokens >= 1
+
+
 # ---------------------------------------------------------------- the C side of the mask
 
 def _words(bits: np.ndarray) -> np.ndarray:

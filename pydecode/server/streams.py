@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .. import openai_format as oai
+from ..constraint import ConstraintError
 from ..errors import ModelClosedError
 from .params import APIError
 
@@ -76,6 +77,8 @@ def failure(h) -> APIError | None:
         return None
     if isinstance(e, ModelClosedError):
         return APIError.shutting_down()
+    if isinstance(e, ConstraintError):   # the request's grammar failed (too big, never matches): its fault
+        return APIError(400, str(e), code="grammar_failed")
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", code="generation_failed")
 
 
