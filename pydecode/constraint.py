@@ -66,6 +66,7 @@ class Grammar:
 
 
 MAX_SCHEMA_DEPTH = 128   # nested objects and arrays of a schema (real ones use under 20)
+MAX_CHOICES = 1999       # llguidance's parser holds 2000 items per row: the choices and the start
 
 
 def _too_deep(schema, limit: int) -> bool:
@@ -174,11 +175,15 @@ def grammar_of(json_schema=None, regex=None, grammar=None, choices=None, respons
     if choices is not None:
         if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not choices:
             raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
+        if len(choices) > MAX_CHOICES:   # llguidance refuses more alternatives, after quadratic work
+            raise ValueError(f"choices holds {len(choices)} strings; at most {MAX_CHOICES} are accepted")
         for c in choices:
             if not isinstance(c, str) or not c:
                 raise ValueError(f"choices must be non-empty strings, got {c!r}")
         lark = "start: " + " | ".join(json.dumps(c) for c in choices)
-        return Grammar(llg.LLMatcher.grammar_from_lark(lark), f"choices {list(choices)!r}")
+        shown = repr(list(choices))
+        what = f"choices {shown}" if len(shown) <= 200 else f"choices ({len(choices)} strings, {shown[:120]}...)"
+        return Grammar(llg.LLMatcher.grammar_from_lark(lark), what)
     return _response_format(response_format)
 
 

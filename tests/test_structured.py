@@ -308,6 +308,7 @@ def _nested(depth: int) -> dict:
     (dict(regex="a", choices=["a"]), "at most one"),
     (dict(json_schema={"type": "object"}, ignore_eos=True), "ignore_eos"),
     (dict(json_schema=_nested(500)), "more than 128 levels deep"),            # was a RecursionError
+    (dict(choices=[f"c{i}" for i in range(2000)]), "at most 1999"),           # was an 88 KB RuntimeError
     (dict(json_schema='{"a":' * 10_000 + "1" + "}" * 10_000), "more than 128 levels deep"),
 ])
 def test_a_bad_constraint_fails_before_decoding(smol, kw, words):
