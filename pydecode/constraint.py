@@ -56,10 +56,14 @@ def _llguidance():
 
 
 class Grammar:
-    """A checked llguidance grammar: `text` (its JSON form) and `what` (for messages and logs)."""
+    """An llguidance grammar: `text` (its JSON form) and `what` (for messages and logs).
+    `checked`: the tokenizer compile_grammar checked it against (None: not yet). A checked
+    Grammar may be passed as grammar= wherever a grammar is taken (the server compiles one off
+    its event loop, then submits it)."""
 
     def __init__(self, text: str, what: str):
         self.text, self.what = text, what
+        self.checked = None
 
     def __repr__(self) -> str:
         return f"Grammar({self.what})"
@@ -67,6 +71,10 @@ class Grammar:
 
 MAX_SCHEMA_DEPTH = 128   # nested objects and arrays of a schema (real ones use under 20)
 MAX_CHOICES = 1999       # llguidance's parser holds 2000 items per row: the choices and the start
+MAX_GRAMMAR_BYTES = 1 << 20   # a grammar's or regex's text (real ones are under 50 KB)
+# GBNF is converted to Lark by llguidance in Python, in time superlinear in chained rules (a chain
+# of 1000: 0.9 s, 3000: 10 s on a Zen 4 core); real GBNF grammars have tens to a few hundred.
+MAX_GBNF_RULES = 1024
 
 
 def _too_deep(schema, limit: int) -> bool:
@@ -162,11 +170,19 @@ def grammar_of(json_schema=None, regex=None, grammar=None, choices=None, respons
     if regex is not None:
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty string, got {regex!r}")
-        return Grammar(llg.LLMatcher.grammar_from_regex(regex), f"regex {regex!r}")
+        _check_size(regex, "regex")
+        shown = repr(regex) if len(regex) <= 200 else f"({len(regex)} characters) {regex[:120]!r}..."
+        return Grammar(llg.LLMatcher.grammar_from_regex(regex), f"regex {shown}")
+    if isinstance(grammar, Grammar):
+        return grammar
     if grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise ValueError(f"grammar must be a non-empty string (Lark or GBNF), got {grammar!r}")
+        _check_size(grammar, "grammar")
         if "::=" in grammar:
+            rules = grammar.count("::=")
+            if rules > MAX_GBNF_RULES:
+                raise ValueError(f"grammar (GBNF) defines {rules} rules; at most {MAX_GBNF_RULES} are accepted")
             try:
                 return Grammar(llg.grammar_from("gbnf", grammar), "grammar (GBNF)")
             except Exception as e:
@@ -187,16 +203,32 @@ def grammar_of(json_schema=None, regex=None, grammar=None, choices=None, respons
     return _response_format(response_format)
 
 
+def _check_size(text: str, name: str) -> None:
+    if len(text) > MAX_GRAMMAR_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise ValueError(f"{name} is {len(text.encode('utf-8', 'surrogatepass'))} bytes long; "
+                         f"at most {MAX_GRAMMAR_BYTES} are accepted")
+
+
 def compile_grammar(tokenizer, g: Grammar) -> Grammar:
     """Checks g against the model's tokenizer: ValueError naming the problem (a schema keyword
     llguidance does not support, a regex or grammar that does not parse), before any decoding."""
+    if g.checked is tokenizer:
+        return g
     llg = _llguidance()
     is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(g.text, llg_tokenizer(tokenizer))
     if is_error:
         raise ValueError(f"{g.what} is invalid: {msgs[0] if msgs else 'rejected by llguidance'}")
     for m in msgs:
         log.warning("%s: %s", g.what, m)
+    g.checked = tokenizer
     return g
+
+
+def prepare(tokenizer, **structure) -> Grammar | None:
+    """grammar_of(**structure), checked against `tokenizer` (compile_grammar): the slow part of a
+    constrained request, which a server runs off its event loop."""
+    g = grammar_of(**structure)
+    return None if g is None else compile_grammar(tokenizer, g)
 
 
 # ---------------------------------------------------------------- the vocabulary, for llguidance

@@ -30,11 +30,13 @@ from . import common
               help="Requests that may wait for a slot; beyond them, 429.")
 @click.option("--max-body", type=click.IntRange(min=1024), default=8 << 20, show_default=True,
               help="Largest request body in bytes; beyond it, 413.")
+@click.option("--timeout", "-to", "read_timeout", type=click.FloatRange(min=0.01), default=60, show_default=True,
+              help="Seconds a client has to send its request headers, and then each part of its body; beyond, 408.")
 @click.option("--cors", "cors", multiple=True, metavar="ORIGIN",
               help="Let web pages of ORIGIN call the API from a browser ('*' for any). Repeatable.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, kv_type, api_key, aliases, max_queue, max_body,
-          cors, verbose):
+          read_timeout, cors, verbose):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, ...).
 
     It listens at once and loads the model in the background; -c is each sequence's context."""
@@ -52,7 +54,8 @@ def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, kv_ty
 
     try:
         code = run_server(load, model_id, host=host, port=port, aliases=aliases, api_key=api_key or None,
-                          max_body=max_body, max_queue=max_queue, cors=cors, verbose=verbose)
+                          max_body=max_body, max_queue=max_queue, cors=cors, verbose=verbose,
+                          read_timeout=read_timeout)
     except OSError as e:
         common.fail(e)
     sys.exit(code)

@@ -8,6 +8,7 @@ or the server shuts down) cancels its sequences at the next step, which frees th
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import constraint
 from .. import openai_format as oai
 from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoning, split_reasoning
 from ..chat.templates import TemplateError
@@ -42,7 +44,15 @@ async def read_json(request: Request, cap: int) -> dict:
         raise APIError(413, f"the request body is {int(size)} bytes; this server takes at most {cap} "
                             f"(--max-body)", code="body_too_large")
     chunks, n = [], 0
-    async for chunk in request.stream():
+    parts = request.stream()
+    while True:
+        try:   # a client that stops sending mid-body is let go (as one slow with its headers is)
+            chunk = await asyncio.wait_for(parts.__anext__(), request.app.state.pd.read_timeout)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body stopped arriving (nothing for {request.app.state.pd.read_timeout:g} s, "
+                                f"--timeout)", code="request_timeout") from None
         n += len(chunk)
         if n > cap:
             raise APIError(413, f"the request body is over {cap} bytes (--max-body)", code="body_too_large")
@@ -100,24 +110,54 @@ def _param_of(e: ValueError) -> str | None:
     return word if word in FIELDS else None
 
 
-def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str) -> list:
-    """Queues n sequences per prompt; on any refusal, none stays queued."""
+async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str) -> list:
+    """Queues n sequences per prompt; on any refusal, none stays queued. The grammar (if any)
+    is converted and checked first, off the event loop (it may take seconds)."""
+    e = llm.engine
+    wanted, room = len(prompts) * g.n, e.max_seqs + (e.max_queue if e.max_queue is not None else 1 << 62)
+    if wanted > room:   # a 429 would never turn into a success
+        raise APIError(400, f"{what}: this request asks for {wanted} sequences ({len(prompts)} prompt(s) x n={g.n}); "
+                            f"this server holds at most {room} at once ({e.max_seqs} slots (--n-seq) + "
+                            f"{e.max_queue} queued (--max-queue))", param="prompt" if what == "prompt" else "n",
+                       code="too_many_sequences")
+    structure = await _compiled(state, llm, g.structure)
     handles = []
     try:
         for ids in prompts:
             max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
             for i in range(g.n):
-                handles.append(llm.engine.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
-                                                 ignore_eos=g.ignore_eos, **g.structure,
-                                                 **{**g.sampling, "seed": g.seed(i)}))
-    except BaseException as e:
+                handles.append(e.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
+                                        ignore_eos=g.ignore_eos, **structure,
+                                        **{**g.sampling, "seed": g.seed(i)}))
+    except BaseException as err:
         _cancel(handles)
-        err = _refusal(e, what)
-        if err is None:
+        refusal = _refusal(err, what)
+        if refusal is None:
             raise
-        raise err from None
+        raise refusal from None
     state.live.update(handles)
     return handles
+
+
+async def _compiled(state: ServerState, llm, structure: dict) -> dict:
+    """The request's structured-output keywords as one checked grammar, converted and checked in
+    the server's grammar threads within its time budget (the thread of a grammar over budget
+    runs on to its end, bounded by constraint's size limits, but nothing waits for it)."""
+    if not structure:
+        return {}
+    try:
+        job = state.grammar_threads.submit(constraint.prepare, llm.tokenizer, **structure)
+    except RuntimeError:   # shut down meanwhile
+        raise APIError.shutting_down() from None
+    try:
+        return {"grammar": await asyncio.wait_for(asyncio.wrap_future(job), state.grammar_budget_s)}
+    except asyncio.TimeoutError:
+        name = next(iter(structure))
+        raise APIError(400, f"{name}: converting and checking it took more than {state.grammar_budget_s:g} s "
+                            f"(this server's limit); give a smaller one", param=name,
+                       code="grammar_too_complex") from None
+    except (ValueError, TypeError) as err:
+        raise APIError(400, str(err), param=_param_of(err), code="invalid_value") from None
 
 
 def _refusal(e: BaseException, what: str) -> APIError | None:
@@ -153,8 +193,9 @@ async def completions(request: Request) -> Response:
         raise bad("suffix", "insertion (fill in the middle) is not supported by this server", "unsupported")
     given = params.prompts(body, llm.model.n_vocab)
     ids = await run_in_threadpool(lambda: [llm.tokenize(p) if isinstance(p, str) else p for p in given])
-    texts = [p if isinstance(p, str) else llm.detokenize(p) for p in given] if echo else None
-    handles = submit(state, llm, ids, g, "prompt")
+    texts = await run_in_threadpool(lambda: [p if isinstance(p, str) else llm.detokenize(p) for p in given]) \
+        if echo else None
+    handles = await submit(state, llm, ids, g, "prompt")
     model, tok = body.get("model") or state.model_id, llm.tokenizer
 
     def choice(k, text, lp, finish):
@@ -210,7 +251,7 @@ async def chat_completions(request: Request) -> Response:
         opened = fmt is not None and opens_reasoning(await run_in_threadpool(llm.chat_prompt, msgs, **kwargs), fmt)
     except (TemplateError, ValueError) as e:
         raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
-    handles = submit(state, llm, [ids], g, "messages")
+    handles = await submit(state, llm, [ids], g, "messages")
     model, tok = body.get("model") or state.model_id, llm.tokenizer
 
     def logprobs(pieces):
@@ -335,10 +376,19 @@ async def tokenize(request: Request) -> Response:
     text = params.text_field(body, "content")
     add_special = params.flag(body, "add_special", True)
     with_pieces = params.flag(body, "with_pieces", False)
-    ids = await run_in_threadpool(llm.tokenize, text, add_special)
-    if with_pieces:
-        return JSONResponse({"tokens": [{"id": t, "piece": llm.detokenize([t])} for t in ids]})
-    return JSONResponse({"tokens": ids})
+    # Tokenizing, and the answer's JSON, cost seconds on megabytes of text: off the event loop.
+    return await run_in_threadpool(_tokenized, llm, text, add_special, with_pieces)
+
+
+def _tokenized(llm, text: str, add_special: bool, with_pieces: bool) -> Response:
+    ids = llm.tokenize(text, add_special)
+    if not with_pieces:
+        return JSONResponse({"tokens": ids})
+    pieces: dict[int, str] = {}   # each distinct token decoded once
+    for t in ids:
+        if t not in pieces:
+            pieces[t] = llm.detokenize([t])
+    return JSONResponse({"tokens": [{"id": t, "piece": pieces[t]} for t in ids]})
 
 
 async def detokenize(request: Request) -> Response:
@@ -346,7 +396,7 @@ async def detokenize(request: Request) -> Response:
     llm = state.model()
     body = await read_json(request, state.max_body)
     ids = params.tokens_field(body, "tokens", llm.model.n_vocab)
-    return JSONResponse({"content": llm.detokenize(ids)})
+    return await run_in_threadpool(lambda: JSONResponse({"content": llm.detokenize(ids)}))
 
 
 # ---------------------------------------------------------------- the app

@@ -22,7 +22,7 @@ class APIError(Exception):
     """An HTTP error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
              500: "server_error", 503: "unavailable_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,

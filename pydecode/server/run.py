@@ -17,6 +17,54 @@ from .app import create_app
 from .state import ServerState
 
 GRACE_S = 5          # after a stop signal, how long in-flight responses get to send their last chunk
+READ_TIMEOUT_S = 60  # default --timeout: a request's headers, and each part of its body, arrive within it
+TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 44\r\n" \
+            b"connection: close\r\n\r\nthe request headers did not arrive in time\r\n"
+
+
+def deadline_protocol(timeout: float):
+    """uvicorn's HTTP protocol, with a deadline on the request headers: from the connection (or,
+    between keep-alive requests, from the next request's first byte) a client has `timeout`
+    seconds to send them all, else it gets a 408 and is disconnected (uvicorn has no such
+    limit: a client that sends a byte now and then, or nothing, would hold its connection forever)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadline(AutoHTTPProtocol):
+        _header_timer = None
+        _header_cycle = None     # the request cycle when the deadline was set: a new one means headers came
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._set_header_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            if self._between_requests() and (self._header_timer is None or self._header_cycle is not self.cycle):
+                self._set_header_deadline()
+            super().data_received(data)
+
+        def connection_lost(self, exc):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+        def _between_requests(self) -> bool:
+            c = self.cycle
+            return c is None or c.response_complete
+
+        def _set_header_deadline(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_cycle = self.cycle
+            self._header_timer = self.loop.call_later(timeout, self._headers_late)
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._header_cycle and self._between_requests() and not self.transport.is_closing():
+                self.transport.write(TIMED_OUT)
+                self.transport.close()
+
+    return HeaderDeadline
 
 
 class _Server(uvicorn.Server):
@@ -70,12 +118,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, aliases=(), api_key=None,
-          max_body: int = 8 << 20, max_queue: int | None = 256, cors=(), log=None, verbose: bool = False) -> int:
+          max_body: int = 8 << 20, max_queue: int | None = 256, cors=(), log=None, verbose: bool = False,
+          read_timeout: float = READ_TIMEOUT_S) -> int:
     """Serves the LLM that load() returns (called in a background thread) until a stop signal;
-    returns the exit status: 0, or 1 if the model failed to load."""
+    returns the exit status: 0, or 1 if the model failed to load. read_timeout: seconds a client
+    has to send its request headers, and then each part of its body (408 beyond)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    state = ServerState(model_id, aliases, api_key, max_body)
+    state = ServerState(model_id, aliases, api_key, max_body, read_timeout)
     config = uvicorn.Config(create_app(state, cors), host=host, port=port, lifespan="off",
+                            http=deadline_protocol(read_timeout),
                             log_level="info" if verbose else "warning", access_log=verbose,
                             timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)
     server = _Server(config, state)

@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import __version__
 from .metrics import Metrics
 from .params import APIError
 
 SHUTDOWN_DETAIL = "the server is shutting down"
+GRAMMAR_BUDGET_S = 10.0   # the longest a request's grammar may take to convert and check
+GRAMMAR_THREADS = 2       # grammars converted at once (more wait their turn, within the budget)
 
 
 class ServerState:
     """What the routes share: the model once loaded, its names, the API key, the generations in
     flight (ended at shutdown), the metrics."""
 
-    def __init__(self, model_id: str, aliases=(), api_key: str | None = None, max_body: int = 8 << 20):
+    def __init__(self, model_id: str, aliases=(), api_key: str | None = None, max_body: int = 8 << 20,
+                 read_timeout: float = 60.0):
         self.model_id = model_id
         self.names = {model_id, *aliases}
         self.llm = None
@@ -25,11 +29,15 @@ class ServerState:
         self.error: str | None = None
         self.api_key = api_key.encode() if api_key else None
         self.max_body = max_body
+        self.read_timeout = read_timeout  # seconds between parts of a request body (408 beyond)
         self.created = int(time.time())
         self.live: set = set()           # Handles of the requests in flight
         self.fingerprint = f"pydecode-{__version__}"
         self.metrics = Metrics(self)
         self._counted = weakref.WeakSet()   # handles whose generation the metrics have seen
+        # Grammars are converted and checked here, off the event loop (see app._compiled).
+        self.grammar_threads = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="pydecode-grammar")
+        self.grammar_budget_s = GRAMMAR_BUDGET_S
 
     def ready(self, llm) -> None:
         self.llm, self.status = llm, "ok"
@@ -61,6 +69,7 @@ class ServerState:
             self.status = "shutting down"
         for h in list(self.live):
             h.cancel(SHUTDOWN_DETAIL)
+        self.grammar_threads.shutdown(wait=False, cancel_futures=True)
 
     def model(self):
         """The LLM, or the 503 that says why there is none to use."""
