@@ -37,6 +37,7 @@ from .generation import TokenPolicy, prompt_ids
 from .model import Model, _is_int
 from .request import Handle, _Seq, _wake
 from .sampling import SamplingParams
+from .slots import SlotBusy
 from . import constraint, speculative
 
 
@@ -83,6 +84,7 @@ class Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._summ = 0.0                       # the model's sampling-summary setting, as last set here
+        self._state_waiting = 0                # restores waiting for a free slot (_take_slot)
         # Tokens a constraint forces run through the model in one pass (False: one step each;
         # the same tokens either way, which the tests check).
         self.forced_runs = True
@@ -225,7 +227,10 @@ class Engine:
         so the earliest admitted prompt is served first and none starves."""
         self._reap()
         ledger = self.model.slots
-        while self._queue and len(self._active) < self.max_seqs:
+        # A slot that frees while a restore waits for one is kept for it (it waited first, or
+        # at least as long as any generation admitted later would have).
+        while self._queue and len(self._active) < self.max_seqs and \
+                (not self._state_waiting or ledger.n_free() > self._state_waiting):
             s = self._queue[0]
             if s in self._active:            # an interrupt landed between the two lines below
                 self._queue.popleft()
@@ -505,23 +510,61 @@ class Engine:
             return s.slot
         return slot
 
-    def save_state(self, path, slot=None) -> int:
-        """Writes a slot's tokens and K/V to a state file (kvstate.save_slot); returns the tokens."""
-        from . import kvstate
-        return kvstate.save_slot(self.model, path, self._state_slot(slot))[1]
+    def _take_slot(self, slot, lessee, *, latest: bool, timeout: float | None = None) -> int:
+        """SlotLedger.take, waiting while the slot (or every slot) is leased, as a generation
+        waits its turn: freed slots go to waiting restores before queued generations, and
+        while no driver thread runs the caller steps the batch itself (so a state call on the
+        slot of a request nobody consumes yet still ends). TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # A restore into any free slot holds back queued generations while it waits (else they
+        # could take every slot that frees); a save waits for a generation to end, so holding
+        # them back would wait forever.
+        reserve = int(slot is None and not latest)
+        with self._cond:
+            self._state_waiting += reserve
+        try:
+            while True:
+                with self._cond:
+                    if self._closed:
+                        raise ModelClosedError("the engine is closed")
+                    try:
+                        return self.model.slots.take(slot, lessee, latest=latest)
+                    except RuntimeError as busy:   # SlotBusy, or no slot holds tokens yet while some will
+                        if not (isinstance(busy, SlotBusy) or self._active or self._queue):
+                            raise
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            raise TimeoutError(f"{busy} (waited {timeout} s for it)") from None
+                    if self._driving or self._stepper is not None or not (self._active or self._queue):
+                        # (nothing here to step: leased by another Engine, a direct call or another state call)
+                        self._cond.wait(0.02 if left is None else min(left, 0.02))
+                        continue
+                self._step_once()
+        finally:
+            with self._cond:
+                self._state_waiting -= reserve
 
-    def load_state(self, path, slot: int | None = None) -> list[int]:
+    def _taker(self, timeout):
+        return lambda slot, lessee, latest: self._take_slot(slot, lessee, latest=latest, timeout=timeout)
+
+    def save_state(self, path, slot=None, timeout: float | None = None) -> int:
+        """Writes a slot's tokens and K/V to a state file (kvstate.save_slot); returns the tokens.
+        Waits for the slot while a generation leases it (TimeoutError after `timeout` s)."""
+        from . import kvstate
+        return kvstate.save_slot(self.model, path, self._state_slot(slot), self._taker(timeout))[1]
+
+    def load_state(self, path, slot: int | None = None, timeout: float | None = None) -> list[int]:
         """Restores a state file into a free slot; a prompt that starts with its tokens reuses them."""
         from . import kvstate
-        return kvstate.load_slot(self.model, path, slot)[1]
+        return kvstate.load_slot(self.model, path, slot, self._taker(timeout))[1]
 
-    def export_state(self, slot=None) -> bytes:
+    def export_state(self, slot=None, timeout: float | None = None) -> bytes:
         from . import kvstate
-        return kvstate.export_slot(self.model, self._state_slot(slot))[1]
+        return kvstate.export_slot(self.model, self._state_slot(slot), self._taker(timeout))[1]
 
-    def import_state(self, data, slot: int | None = None) -> list[int]:
+    def import_state(self, data, slot: int | None = None, timeout: float | None = None) -> list[int]:
         from . import kvstate
-        return kvstate.import_slot(self.model, data, slot)[1]
+        return kvstate.import_slot(self.model, data, slot, "state", self._taker(timeout))[1]
 
     @property
     def closed(self) -> bool:

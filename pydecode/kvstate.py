@@ -227,24 +227,25 @@ def load(model, path: str | os.PathLike, slot: int, *, lease: object = None) -> 
 
 # ---- through the model's SlotLedger: what an LLM or an Engine saves and restores ----
 # The slot is leased for the copy, so no generation writes it meanwhile; what the ledger records
-# for it is then exactly what the file holds.
+# for it is then exactly what the file holds. take: how the slot is leased (default the ledger's
+# take, which refuses a busy slot; an Engine's waits for it).
 
-def export_slot(model, slot: int | None = None) -> tuple[int, bytes]:
+def export_slot(model, slot: int | None = None, take=None) -> tuple[int, bytes]:
     """(slot, state bytes) of a slot that no generation leases: `slot`, or the one released last."""
     me = object()
-    slot = model.slots.take(slot, me, latest=True)
+    slot = (take or model.slots.take)(slot, me, latest=True)
     try:
         return slot, dumps(model, slot, model.slots.held(slot))
     finally:
         model.slots.give_back(slot, me)
 
 
-def import_slot(model, data, slot: int | None = None, what: str = "state") -> tuple[int, list[int]]:
+def import_slot(model, data, slot: int | None = None, what: str = "state", take=None) -> tuple[int, list[int]]:
     """Restores state bytes into `slot` (default: the free slot unused longest); the ledger then
     knows the tokens it holds, so a prompt that starts with them reuses their K/V instead of
     prefilling them. Returns (slot, tokens)."""
     me = object()
-    slot = model.slots.take(slot, me, latest=False)
+    slot = (take or model.slots.take)(slot, me, latest=False)
     tokens: list[int] = []
     try:
         tokens = loads(model, data, slot, what, lease=me)
@@ -258,10 +259,10 @@ def import_slot(model, data, slot: int | None = None, what: str = "state") -> tu
     return slot, tokens
 
 
-def save_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[int, int, int]:
+def save_slot(model, path: str | os.PathLike, slot: int | None = None, take=None) -> tuple[int, int, int]:
     """Writes a slot's state file atomically: (slot, tokens saved, file bytes)."""
     me = object()
-    slot = model.slots.take(slot, me, latest=True)
+    slot = (take or model.slots.take)(slot, me, latest=True)
     try:
         tokens = model.slots.held(slot)
         return slot, len(tokens), save(model, path, slot, tokens)
@@ -269,6 +270,6 @@ def save_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[
         model.slots.give_back(slot, me)
 
 
-def load_slot(model, path: str | os.PathLike, slot: int | None = None) -> tuple[int, list[int]]:
+def load_slot(model, path: str | os.PathLike, slot: int | None = None, take=None) -> tuple[int, list[int]]:
     """Restores the state file at `path` (import_slot). Returns (slot, tokens)."""
-    return import_slot(model, read_file(model, path), slot, str(path))
+    return import_slot(model, read_file(model, path), slot, str(path), take)

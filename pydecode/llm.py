@@ -178,27 +178,30 @@ class LLM:
 
     # ---- the KV cache's state (pydecode/kvstate.py): save / restore, prompt caches, hand-off ----
 
-    def save_state(self, path: str | os.PathLike, slot: int | Handle | None = None) -> int:
+    def save_state(self, path: str | os.PathLike, slot: int | Handle | None = None,
+                   timeout: float | None = None) -> int:
         """Writes what a KV slot holds (its tokens and their K/V; default: the slot of the last
         finished generation, or the slot a finished Handle ran in) to a state file, atomically.
         Another process with the same model file and kv_type restores it with load_state and
-        continues exactly as this one would. Returns the number of tokens saved."""
-        return self.engine.save_state(path, slot)
+        continues exactly as this one would. Returns the number of tokens saved. Every state call
+        waits while a generation leases the slot it needs (or, with no slot given, every slot), as
+        generations wait their turn; timeout: TimeoutError after that many seconds of waiting."""
+        return self.engine.save_state(path, slot, timeout)
 
-    def load_state(self, path: str | os.PathLike, slot: int | None = None) -> list[int]:
+    def load_state(self, path: str | os.PathLike, slot: int | None = None, timeout: float | None = None) -> list[int]:
         """Restores a state file from save_state into a free slot and returns its tokens: the next
         prompt that starts with them (a conversation's history, a long system prompt) reuses their
         K/V instead of prefilling them. A file of another model, kv_type or format version, or a
         truncated or corrupted one, raises StateFileError and changes nothing."""
-        return self.engine.load_state(path, slot)
+        return self.engine.load_state(path, slot, timeout)
 
-    def export_state(self, slot: int | Handle | None = None) -> bytes:
+    def export_state(self, slot: int | Handle | None = None, timeout: float | None = None) -> bytes:
         """save_state's bytes, in memory (a hand-off to another process: import_state)."""
-        return self.engine.export_state(slot)
+        return self.engine.export_state(slot, timeout)
 
-    def import_state(self, data: bytes, slot: int | None = None) -> list[int]:
+    def import_state(self, data: bytes, slot: int | None = None, timeout: float | None = None) -> list[int]:
         """load_state from bytes (export_state's)."""
-        return self.engine.import_state(data, slot)
+        return self.engine.import_state(data, slot, timeout)
 
     def close(self) -> None:
         """Cancels every generation in flight (their callers get ModelClosedError), waits for

@@ -14,6 +14,10 @@ from __future__ import annotations
 import threading
 
 
+class SlotBusy(RuntimeError):
+    """The slot asked for (or every slot) is leased now: waiting may get it (Engine waits)."""
+
+
 def ring_extra(model) -> int | None:
     """n_batch when the model has sliding-window layers (their cache is a ring of window + n_batch
     positions, see ArchConfig.kv_positions), else None."""
@@ -84,18 +88,21 @@ class SlotLedger:
     def take(self, slot: int | None, lessee: object, *, latest: bool) -> int:
         """Leases one given free slot (None: with latest, the free slot released last that holds
         tokens, for saving it; else the free slot released longest ago, for restoring into it)
-        and returns it; RuntimeError when it (or every slot) is leased. give_back ends such a
+        and returns it; SlotBusy (a RuntimeError) when it (or every slot) is leased now, for the
+        caller to wait (Engine._take_slot) or give up. give_back ends such a
         lease and keeps what the slot holds; release records new contents."""
         with self._lock:
             if slot is None:
                 free = [i for i, who in enumerate(self._lessee) if who is None and (self._held[i] or not latest)]
                 if not free:
-                    raise RuntimeError("no free sequence slot holds tokens" if latest else "every sequence slot is in use")
+                    if latest and all(who is None for who in self._lessee):
+                        raise RuntimeError("no sequence slot holds tokens")
+                    raise SlotBusy("no free sequence slot holds tokens" if latest else "every sequence slot is in use")
                 slot = max(free, key=self._stamp.__getitem__) if latest else min(free, key=self._stamp.__getitem__)
             elif not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < len(self._held):
                 raise ValueError(f"sequence slot must be an integer in 0..{len(self._held) - 1}, got {slot!r}")
             if self._lessee[slot] is not None:
-                raise RuntimeError(f"sequence slot {slot} is in use by a generation; finish or cancel it first")
+                raise SlotBusy(f"sequence slot {slot} is in use by a generation; finish or cancel it first")
             self._lessee[slot] = lessee
             return slot
 
@@ -128,6 +135,10 @@ class SlotLedger:
         with self._lock:
             self._held = [[] for _ in self._held]
             self._spill = [0] * len(self._held)
+
+    def n_free(self) -> int:
+        with self._lock:
+            return sum(who is None for who in self._lessee)
 
     def n_leased(self) -> int:
         with self._lock:

@@ -1,13 +1,18 @@
-"""Fuzz targets for the GGUF loader and the tokenizers (issue 7.3).
+"""Fuzz targets for the GGUF loader, the tokenizers, state files and grammars.
 
-Targets:
+Targets (issues 7.3 and 35):
   gguf       bytes -> a file -> GGUFFile -> arch_config -> Model (tokenizer, C model build) -> a
              prefill and a decode step -> LLM.generate of 2 tokens -> tokenizer round trips.
   tokenizer  bytes -> text or token ids -> encode / decode / the streaming decoder of real
              vocabularies (SmolLM2's byte-level BPE, a tiny model's; SentencePiece where the
              conformance vocabularies are present), with invariants (ids in range; byte-level BPE
              decodes back to the text; streaming decode == decode).
-Allowed outcomes: success, or ModelError / TokenizerError / ValueError. Anything else (another
+  statefile  bytes (half of them with the header length and checksum made right) -> load_state
+             / import_state of a tiny model; a refusal leaves the slot as it was.
+  grammar    bytes -> GBNF / Lark, regex, JSON schema, choices or response_format -> prepare
+             (conversion and the check against the vocabulary) -> constrained tokens drawn.
+Allowed outcomes: success, or ModelError / TokenizerError / ValueError (StateFileError is one;
+ConstraintError for grammars). Anything else (another
 exception, a crash, a hang past -timeout, memory past -rss_limit_mb) is a bug.
 
 Seeds: tests/fuzz_corpus/<target>/ (tiny_models.py GGUFs, 4 KB header prefixes of the real
@@ -44,7 +49,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fuzz_corpus"
-TARGETS = ("gguf", "tokenizer")
+TARGETS = ("gguf", "tokenizer", "statefile", "grammar")
 if importlib.util.find_spec("pydecode") is None:   # run from a checkout without an install
     sys.path.append(str(HERE.parent))
 
@@ -191,13 +196,107 @@ def tokenizer_target(data: bytes) -> None:
         assert streamed == text, (name, ids, streamed, text)
 
 
-TARGET_FUNCS = {"gguf": gguf_target, "tokenizer": tokenizer_target}
+# ----------------------------------------------------------------------------------- state files
+
+_STATE: dict = {}
+
+
+def _state_llm():
+    """A tiny model with two slots; slot 1 takes the inputs, `_STATE["good"]` is a real state."""
+    if not _STATE:
+        llm = LLM(Model(CORPUS / "gguf" / "tiny-llama", n_ctx=32, n_threads=1, n_batch=8, n_seq=2))
+        llm.generate([1, 2, 3, 4, 5, 6], max_tokens=3)
+        _STATE.update(llm=llm, good=llm.export_state())
+    return _STATE["llm"], _STATE["good"]
+
+
+def _sealed(data: bytes) -> bytes:
+    """The input with its header length and checksum made right, so that mutations reach the
+    header parser and the payload checks instead of stopping at the checksum."""
+    import hashlib
+    import json
+    from pydecode.kvstate import _PREFIX
+    if len(data) < _PREFIX.size + 32:
+        return data
+    body = bytearray(data[:-32])
+    try:   # the header ends where its JSON value ends (the payload after it is binary)
+        _, end = json.JSONDecoder().raw_decode(body[_PREFIX.size:].decode("utf-8", "replace"))
+        struct.pack_into("<I", body, 12, len(body[_PREFIX.size:].decode("utf-8", "replace")[:end].encode()))
+    except (ValueError, RecursionError):
+        pass
+    return bytes(body) + hashlib.sha256(body).digest()
+
+
+def statefile_target(data: bytes) -> None:
+    """bytes -> load_state (a file) or import_state (bytes) into slot 1 of a tiny model. A refusal
+    is a StateFileError that left slot 1 as it was; a state taken continues (one more token)."""
+    from pydecode.kvstate import StateFileError
+    if not data:
+        return
+    llm, good = _state_llm()
+    mode, body = data[0] % 4, data[1:]
+    body = _sealed(body) if mode & 1 else body
+    llm.import_state(good, slot=1)
+    try:
+        if mode & 2:
+            path = _scratch() / "input.state"
+            path.write_bytes(body)
+            tokens = llm.load_state(path, slot=1)
+        else:
+            tokens = llm.import_state(body, slot=1)
+    except StateFileError as e:
+        _stage("refused: " + "".join(c for c in str(e).split(": ", 1)[1] if not c.isdigit())[:20])
+        assert llm.export_state(slot=1) == good, "a refused state changed the slot"
+        return
+    _stage("taken")
+    assert all(type(t) is int and 0 <= t < llm.model.n_vocab for t in tokens)
+    if len(tokens) < llm.n_ctx:
+        llm.generate(tokens + [7], max_tokens=1)
+
+
+# ----------------------------------------------------------------------------------- grammars
+
+GRAMMAR_KINDS = ("grammar", "regex", "json_schema", "choices", "response_format")
+
+
+def grammar_target(data: bytes) -> None:
+    """bytes -> one structured-output keyword (GBNF/Lark, regex, JSON schema text, choices split
+    at NUL, response_format JSON) -> constraint.prepare on the tiny model's vocabulary -> (odd
+    second byte) four constrained tokens drawn. Allowed: ValueError (limits, bad input) and
+    ConstraintError (a grammar that fails or can never match)."""
+    import json
+    from pydecode import constraint
+    if len(data) < 2:
+        return
+    kind = GRAMMAR_KINDS[data[0] % len(GRAMMAR_KINDS)]
+    text = data[2:].decode("utf-8", "replace")
+    value: object = text
+    if kind == "choices":
+        value = text.split("\x00")
+    elif kind in ("json_schema", "response_format"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text if kind == "json_schema" else {"type": text}
+    llm, _ = _state_llm()
+    try:
+        g = constraint.prepare(llm.tokenizer, **{kind: value})
+        _stage(f"{kind} checked")
+        if g is not None and data[1] % 2:
+            llm.generate("a", max_tokens=4, grammar=g, temperature=1.0, seed=data[1])
+            _stage(f"{kind} drawn")
+    except (ValueError, constraint.ConstraintError) as e:
+        _stage(f"{kind} {type(e).__name__}")
+
+
+TARGET_FUNCS = {"gguf": gguf_target, "tokenizer": tokenizer_target, "statefile": statefile_target,
+                "grammar": grammar_target}
 
 
 # ----------------------------------------------------------------------------------- seeds
 
 def make_seeds() -> None:
-    """Writes tests/fuzz_corpus/{gguf,tokenizer}/ (deterministic; ~100 KB in all)."""
+    """Writes tests/fuzz_corpus/{gguf,tokenizer,statefile,grammar}/ (deterministic; ~100 KB)."""
     sys.path.insert(0, str(HERE))
     from tiny_models import write_tiny_model
 
@@ -226,6 +325,25 @@ def make_seeds() -> None:
         for mode in (0, 1):
             (txt / f"text-{i}-{mode}").write_bytes(bytes([i, mode]) + s)
     (txt / "ids").write_bytes(bytes([1, 2]) + struct.pack("<8I", 0, 1, 2, 3, 198, 49151, 49152, 7))
+    st = CORPUS / "statefile"
+    st.mkdir(parents=True, exist_ok=True)
+    _, good = _state_llm()
+    for mode in range(4):
+        (st / f"state-{mode}").write_bytes(bytes([mode]) + good)
+    (st / "deep-header").write_bytes(b"\x01" + good[:16] + b"[" * 2000 + good[16:])
+    gr = CORPUS / "grammar"
+    gr.mkdir(parents=True, exist_ok=True)
+    samples = {"grammar": ['root ::= "yes" | "no"', 'root ::= ([a-z] | "if")+ "."', 'start: /[0-9]+/ "x"',
+                           'root ::= item+\nitem ::= [a-c] " "?'],
+               "regex": [r"[0-9]{3}-[a-z]+", r"(a|b)*c", r"[^\s\S]"],
+               "json_schema": ['{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}',
+                               '{"type":"array","items":{"enum":["x","y"]},"maxItems":3}'],
+               "choices": ["red\x00green\x00blue"],
+               "response_format": ['{"type":"json_object"}',
+                                   '{"type":"json_schema","json_schema":{"schema":{"type":"string"}}}']}
+    for kind, texts in samples.items():
+        for i, t in enumerate(texts):
+            (gr / f"{kind}-{i}").write_bytes(bytes([GRAMMAR_KINDS.index(kind), 1]) + t.encode())
 
 
 def _directory_seed(path) -> bytes:

@@ -678,10 +678,10 @@ from pathlib import Path  # noqa: E402
 import fuzz_targets  # noqa: E402
 
 FUZZ = Path(fuzz_targets.__file__)
-# Seconds per target in CI; PYDECODE_FUZZ_SECONDS=N runs each target N seconds instead, and
+# Seconds per target in CI (state files and grammars: issue 35); PYDECODE_FUZZ_SECONDS=N runs each target N seconds instead, and
 # PYDECODE_FUZZ_PLAIN=1 uses the plain mutation loop even where atheris is installed (the ASan
 # stage: gcc's ASan runtime must not meet atheris' libFuzzer).
-FUZZ_BUDGET = {"gguf": 25.0, "tokenizer": 20.0}
+FUZZ_BUDGET = {"gguf": 25.0, "tokenizer": 20.0, "statefile": 10.0, "grammar": 15.0}
 
 
 def _atheris() -> bool:

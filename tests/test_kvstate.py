@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -214,11 +216,49 @@ def test_llm_state_round_trip_reuses_the_prefix(smollm_path, tmp_path):
         restored = llm.generate(prompt + first.text, max_tokens=8)
         assert restored.tokens == again.tokens
         assert restored.stats.cached_tokens == again.stats.cached_tokens > first.stats.prompt_tokens
-        me = object()                                    # a slot a generation leases is not saved
+        me = object()                                    # a leased slot is waited for, up to timeout
         llm.engine.model.slots.take(0, me, latest=False)
-        with pytest.raises(RuntimeError, match="in use"):
-            llm.save_state(tmp_path / "busy.pdkv", slot=0)
+        with pytest.raises(TimeoutError, match="in use"):
+            llm.save_state(tmp_path / "busy.pdkv", slot=0, timeout=0.1)
         llm.engine.model.slots.give_back(0, me)
+
+
+def test_state_calls_wait_for_a_slot_like_generations(smollm_path, tmp_path):
+    """Under contention a state call waits its turn (issue 35 item 9: it failed at once with
+    'every sequence slot is in use'): from another thread while generations hold every slot,
+    and in the one thread whose generation nobody consumes yet (the call steps it to its end)."""
+    with pydecode.load(str(smollm_path), n_ctx=256, n_threads=2) as llm:   # one slot
+        h = llm.engine.submit("Once upon a time", 24, ignore_eos=True)
+        data = llm.export_state()                         # steps h to its end, then saves its slot
+        assert h.done and len(h.completion.tokens) == 24
+        assert len(llm.import_state(data)) == h.completion.stats.prompt_tokens + 23
+        texts, errors = [], []
+
+        def generate(i):
+            try:
+                texts.append(llm.generate(f"Story {i}:", max_tokens=12).text)
+            except BaseException as e:   # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=generate, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        saved = [llm.save_state(tmp_path / f"s{i}.pdkv", timeout=120) for i in range(3)]
+        loaded = [llm.load_state(tmp_path / f"s{i}.pdkv", timeout=120) for i in range(3)]
+        for t in threads:
+            t.join()
+        assert not errors and len(texts) == 3
+        assert all(n > 0 for n in saved) and [len(t) for t in loaded] == saved
+        long = llm.engine.submit("x", 200, ignore_eos=True)
+        llm.engine.start()
+        try:
+            while not long.done and not llm.engine.n_active:
+                time.sleep(0.01)
+            with pytest.raises(TimeoutError, match="waited 0.05 s"):
+                llm.export_state(timeout=0.05)
+        finally:
+            long.cancel()
+            llm.engine.stop()
 
 
 def test_engine_saves_a_finished_handles_slot_in_memory(smollm_path):
