@@ -280,6 +280,16 @@ class _Vocabulary:
         return tuple(ids)
 
 
+def warm(tokenizer) -> None:
+    """Builds llguidance's tokenizer now where llguidance is installed (a server does it before
+    it reports ready: the build holds the GIL, so every other thread of the process waits)."""
+    try:
+        _llguidance()
+    except ImportError:
+        return
+    llg_tokenizer(tokenizer)
+
+
 def llg_tokenizer(tokenizer):
     """llguidance's tokenizer for a model's vocabulary, built once per Tokenizer (0.1-1 s, from
     49k to 262k tokens) and kept on it."""

@@ -82,10 +82,24 @@ def test_a_body_that_stops_arriving_gets_408(server):
     with _connect(server) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"pro")
+        t0 = time.monotonic()
         reply = _read_all(sock)
+        waited = time.monotonic() - t0
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), reply
+    assert b"connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert waited < READ_TIMEOUT + 3, waited   # closed with the answer, not after the keep-alive (5 s)
+
+
+def test_a_body_nested_past_the_parser_is_400_naming_it(server):
+    schema = '{"type":"object","properties":{"a":' * 600 + '{"type":"integer"}' + "}}" * 600
+    body = '{"messages":[{"role":"user","content":"x"}],"max_tokens":2,' \
+           '"response_format":{"type":"json_schema","json_schema":{"name":"d","schema":' + schema + "}}}"
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT, content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert "too deep" in r.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------- what can never succeed
@@ -154,6 +168,39 @@ def test_health_answers_while_megabytes_are_tokenized_with_pieces(server):
     assert r.status_code == 200
     assert "".join(p["piece"] for p in r.json()["tokens"]) == text
     assert seen, "/health was not answered while /tokenize ran"
+
+
+@pytest.mark.parametrize("pieces", [False, True])
+def test_long_tokenize_lets_other_threads_run(smollm_path, pieces):
+    """The event loop is another thread of the same process: tokenizers' encode and one json.dumps
+    of the whole answer held the GIL for 0.4 s on 900 KB, and every client waited that long.
+    Now the encode goes through tokenizers' GIL-free batch call and the JSON is built in slices,
+    so a thread that sleeps 1 ms at a time keeps running throughout."""
+    with pydecode.load(smollm_path, n_ctx=256, n_threads=1) as llm:
+        text = "The quick brown fox jumps over the lazy dog. " * 20000
+        ticks, stop = [], threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.001)
+        t = threading.Thread(target=tick)
+        t.start()
+        try:
+            t0 = time.monotonic()
+            r = server_app._tokenized(llm, text, False, pieces)
+            t1 = time.monotonic()
+        finally:
+            stop.set()
+            t.join()
+        during = [x for x in ticks if t0 <= x <= t1]
+        gaps = max(b - a for a, b in zip([t0] + during, during + [t1]))
+        assert gaps < 0.5 * (t1 - t0), f"another thread was held off {gaps:.3f} s of {t1 - t0:.3f} s"
+        got = json.loads(r.body)["tokens"]
+        if pieces:
+            assert "".join(p["piece"] for p in got) == text
+        else:
+            assert got == llm.tokenize(text, add_special=False)
 
 
 def test_a_grammar_over_the_time_budget_is_400(smollm_path):

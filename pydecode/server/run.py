@@ -13,6 +13,7 @@ import threading
 
 import uvicorn
 
+from .. import constraint
 from .app import create_app
 from .state import ServerState
 
@@ -148,6 +149,7 @@ def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, ali
             return
         if max_queue is not None:
             llm.engine.max_queue = max_queue
+        constraint.warm(llm.tokenizer)   # holds the GIL 0.1-1 s: now, not under the first grammar request
         llm.engine.start()
         state.ready(llm)
         m = llm.model
