@@ -678,6 +678,20 @@ def test_kquants_repacked_bit_identical_to_the_scalar_file_kernels(isa, qtype, k
     assert y.tobytes() == matmul("scalar", qtype, wbytes, nrows, k, x).tobytes()
 
 
+@pytest.mark.parametrize("isa", REPACKED_ISAS)
+def test_q4k_repacked_one_column_past_its_stack_table(isa):
+    """The one-column Q4_K path keeps each super-block's minimum pairs in a table on the stack
+    (256 super-blocks, k <= 65536); a longer row takes the general tile: same bits either way."""
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} is not supported by this CPU")
+    if isa != "scalar" and not lib.pd_kernel_has_repacked(isa.encode(), int(QT.Q4_K)):
+        pytest.skip(f"no repacked Q4_K kernel in the {isa} table")
+    for k in (65536, 65536 + 256):
+        wbytes, _ = weights(QT.Q4_K, 16, k)
+        x = acts(1, k)
+        assert matmul_repacked(isa, QT.Q4_K, wbytes, 16, k, x).tobytes() == matmul("scalar", QT.Q4_K, wbytes, 16, k, x).tobytes()
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avxvnni", "avxvnni_evex", "avx512"])
 @pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
 def test_kquant_file_kernels_bit_identical_to_scalar(isa, qtype):
