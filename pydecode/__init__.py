@@ -17,11 +17,11 @@ from .errors import (ContextFullError, ModelClosedError, ModelError, ModelFileCh
                      PydecodeError, QueueFullError)
 from .generation import Completion, Piece, Stats  # noqa: E402
 from .llm import LLM, load  # noqa: E402
-from .llama_compat import Llama, LlamaPromptLookupDecoding  # noqa: E402
+from .llama_compat import Llama, LlamaGrammar, LlamaPromptLookupDecoding  # noqa: E402
 from .model import Model  # noqa: E402
 from .kvstate import StateFileError  # noqa: E402
 
-__all__ = ["load", "LLM", "Llama", "LlamaPromptLookupDecoding", "Model", "Engine", "Handle", "Completion", "Piece", "Stats", "ModelError",
+__all__ = ["load", "LLM", "Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "Model", "Engine", "Handle", "Completion", "Piece", "Stats", "ModelError",
            "ModelFileChangedError", "ModelClosedError", "ContextFullError", "QueueFullError", "PydecodeError",
            "StateFileError"]
 __version__ = "0.1.0"

@@ -7,7 +7,11 @@ logprobs), or, with stream=True, an iterator of the same chunks (text / delta). 
 llama-cpp-python's: a completion samples at temperature 0.8 (top-k 40, top-p 0.95, min-p
 0.05) for 16 tokens, a chat completion at temperature 0.2 until the model ends its turn.
 Constructor arguments that only mean something to llama.cpp's GPU or memory machinery
-(n_gpu_layers, use_mlock, ...) are accepted and ignored.
+(n_gpu_layers, use_mlock, ...) are accepted and have nothing to do here. Every other parameter
+is either honoured or refused with an error naming it when given a value other than its
+default (logit_bias, logits_processor, mirostat, a LoRA, ... : not yet implemented), never taken
+and ignored. `grammar` (GBNF text or a LlamaGrammar) constrains the output through llguidance;
+`top_p=0` keeps only the most likely token, as llama.cpp's top-p does.
 """
 from __future__ import annotations
 
@@ -21,15 +25,61 @@ from .llm import LLM, load
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
-# llama-cpp-python constructor arguments with no meaning here (GPU offload, mmap/mlock, NUMA,
-# LoRA, RoPE overrides the GGUF already states, ...): accepted, ignored.
-_IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "vocab_only", "use_mmap",
-            "use_mlock", "kv_overrides", "n_ubatch", "n_threads_batch", "rope_scaling_type", "pooling_type",
-            "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
-            "yarn_beta_slow", "yarn_orig_ctx", "logits_all", "embedding", "offload_kqv", "flash_attn",
-            "op_offload", "swa_full", "no_perf", "last_n_tokens_size", "lora_base", "lora_scale", "lora_path",
-            "numa", "chat_handler", "tokenizer", "type_k", "type_v", "spm_infill",
-            "chat_template_kwargs"}
+# llama-cpp-python constructor arguments that only steer llama.cpp's GPU offload, memory
+# mapping, NUMA placement, batch splitting or timing output: nothing to do on this runtime
+# (weights are always memory-mapped; every position's logits are always there for logprobs).
+_NO_EFFECT = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "use_mmap", "use_mlock",
+              "n_ubatch", "n_threads_batch", "logits_all", "offload_kqv", "flash_attn", "op_offload", "swa_full",
+              "no_perf", "numa"}
+# Constructor arguments that would change the model's arithmetic or its text: their defaults
+# (llama-cpp-python's) are accepted, any other value is refused by name until implemented.
+_UNSUPPORTED_UNLESS_DEFAULT = {
+    "vocab_only": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1,
+    "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0,
+    "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0, "embedding": False,
+    "lora_base": None, "lora_scale": 1.0, "lora_path": None, "chat_handler": None, "tokenizer": None,
+    "spm_infill": False, "chat_template_kwargs": None}
+# ggml type ids llama-cpp-python takes for type_k / type_v -> pydecode's kv_type
+_GGML_KV = {0: "f32", 1: "f16", 8: "q8_0"}
+# Sampling parameters of create_completion / create_chat_completion not implemented yet, with
+# the default that means "off" (the only value accepted).
+_SAMPLING_OFF = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logit_bias": None,
+                 "logits_processor": None, "stopping_criteria": None}
+
+
+def _refuse_unless_default(where: str, given: dict, defaults: dict) -> None:
+    for name, default in defaults.items():
+        if name in given and given[name] != default and not (given[name] is None and default is None):
+            raise NotImplementedError(f"{where}: {name}={given[name]!r} is not supported by pydecode yet "
+                                      f"(only its default, {default!r}, is accepted; nothing is ignored)")
+
+
+class LlamaGrammar:
+    """llama-cpp-python's LlamaGrammar: a GBNF grammar, for create_completion(grammar=...)."""
+
+    def __init__(self, *, _grammar: str):
+        if not isinstance(_grammar, str) or not _grammar.strip():
+            raise ValueError("a LlamaGrammar needs GBNF text")
+        self._grammar = _grammar
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_file(cls, file: str, verbose: bool = True) -> "LlamaGrammar":
+        with open(file, encoding="utf-8") as f:
+            return cls(_grammar=f.read())
+
+
+def _gbnf(grammar) -> str | None:
+    if grammar is None:
+        return None
+    if isinstance(grammar, LlamaGrammar) or isinstance(getattr(grammar, "_grammar", None), str):
+        return grammar._grammar
+    if isinstance(grammar, str):
+        return grammar
+    raise TypeError(f"grammar must be a LlamaGrammar or GBNF text, got {type(grammar).__name__}")
 
 
 def _drain(handle):
@@ -66,21 +116,35 @@ class Llama:
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
                  seed: int = LLAMA_DEFAULT_SEED, verbose: bool = True, chat_format: str | None = None,
-                 draft_model: "LlamaPromptLookupDecoding | None" = None, **kwargs):
-        unknown = set(kwargs) - _IGNORED
+                 draft_model: "LlamaPromptLookupDecoding | None" = None, type_k: int | None = None,
+                 type_v: int | None = None, last_n_tokens_size: int = 64, **kwargs):
+        unknown = set(kwargs) - _NO_EFFECT - set(_UNSUPPORTED_UNLESS_DEFAULT)
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        _refuse_unless_default("Llama()", kwargs, _UNSUPPORTED_UNLESS_DEFAULT)
+        kv = {_GGML_KV.get(t, t) for t in (type_k, type_v) if t is not None}
+        if len(kv) > 1 or not kv <= set(_GGML_KV.values()):
+            raise NotImplementedError(f"Llama(): type_k={type_k!r}, type_v={type_v!r}: the K and V cache types must "
+                                      f"be the same, one of {sorted(_GGML_KV.items())} (ggml type ids)")
+        if not isinstance(last_n_tokens_size, int) or last_n_tokens_size < 0:
+            raise ValueError(f"last_n_tokens_size must be an integer >= 0, got {last_n_tokens_size!r}")
+        self._repeat_last_n = last_n_tokens_size
         self.model_path = str(model_path)
         self.verbose = verbose
         if draft_model is not None and not isinstance(draft_model, LlamaPromptLookupDecoding):
             raise TypeError(f"draft_model must be a LlamaPromptLookupDecoding (pydecode's prompt lookup), "
                             f"got {type(draft_model).__name__}")
         self._llm: LLM = load(model_path, n_ctx=None if n_ctx == 0 else n_ctx, n_threads=n_threads,
-                              draft="lookup" if draft_model is not None else None)
+                              kv_type=kv.pop() if kv else "f16", draft="lookup" if draft_model is not None else None)
         from .speculative import MAX_DRAFT
         self._draft_tokens = None if draft_model is None else min(draft_model.num_pred_tokens, MAX_DRAFT)
         self.metadata = {k: str(v) for k, v in self._llm.model.gguf.metadata.items() if not isinstance(v, list)}
         self.chat_format = chat_format
+        if chat_format is not None:   # said, not silently dropped: the named formats are not built in yet
+            import warnings
+            warnings.warn(f"chat_format={chat_format!r}: pydecode renders chats with the model's own template "
+                          f"(the GGUF's tokenizer.chat_template); llama-cpp-python's named formats are not built in",
+                          UserWarning, stacklevel=2)
         # One generator for the calls that give no seed, seeded here like llama.cpp's sampler:
         # the same sequence of calls draws the same text.
         self._rng = np.random.default_rng(None if seed in (LLAMA_DEFAULT_SEED, -1) else seed)
@@ -138,10 +202,14 @@ class Llama:
                   seed) -> dict:
         if seed is None:
             seed = int(self._rng.integers(0, 2**63))
-        return dict(temperature=max(0.0, float(temperature)), top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
+        # llama.cpp's top-p keeps tokens until their mass reaches p, at least one: p <= 0 keeps only
+        # the most likely token (greedy), p >= 1 keeps all.
+        if top_p <= 0:
+            temperature = 0.0
+        return dict(temperature=max(0.0, float(temperature)), top_p=min(1.0, float(top_p)) if top_p > 0 else 1.0,
                     top_k=max(0, int(top_k)), min_p=float(min_p), repeat_penalty=float(repeat_penalty),
                     frequency_penalty=float(frequency_penalty), presence_penalty=float(presence_penalty),
-                    seed=seed)
+                    repeat_last_n=self._repeat_last_n, seed=seed)
 
     def _max_tokens(self, max_tokens, n_prompt: int) -> int:
         room = max(1, self._llm.n_ctx - n_prompt)
@@ -152,15 +220,22 @@ class Llama:
                           typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
-                          stream: bool = False, seed: int | None = None, model: str | None = None,
-                          **ignored) -> dict | Iterator[dict]:
+                          stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          model: str | None = None, stopping_criteria=None, logits_processor=None,
+                          grammar=None, logit_bias=None) -> dict | Iterator[dict]:
         """An OpenAI text completion of `prompt` (text or token ids), as llama-cpp-python makes it."""
+        _refuse_unless_default("create_completion", dict(
+            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, logit_bias=logit_bias,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria), _SAMPLING_OFF)
+        if suffix is not None:
+            raise NotImplementedError("create_completion: suffix (fill-in-the-middle) is not supported by pydecode yet")
         llm = self._llm
         ids = llm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop),
-                            logprobs=logprobs, draft_tokens=self._draft_tokens, **kw)
+                            logprobs=logprobs, draft_tokens=self._draft_tokens, grammar=_gbnf(grammar), **kw)
         head = oai.head("text_completion", model or self.model_path)
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
         if stream:
@@ -201,18 +276,29 @@ class Llama:
                                stop: str | list[str] | None = None, seed: int | None = None,
                                response_format=None, max_tokens: int | None = None,
                                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                               repeat_penalty: float = 1.0, model: str | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, **ignored) -> dict | Iterator[dict]:
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor=None, grammar=None, logit_bias=None, logprobs: bool = False,
+                               top_logprobs: int | None = None) -> dict | Iterator[dict]:
         """An OpenAI chat completion of `messages`, rendered with the model's chat template."""
-        if tools or functions:
-            raise NotImplementedError("tools and functions are not supported yet")
+        for name, v in (("tools", tools), ("functions", functions), ("tool_choice", tool_choice),
+                        ("function_call", function_call)):
+            if v:
+                raise NotImplementedError(f"create_chat_completion: {name} (function calling) is not supported by "
+                                          f"pydecode yet")
+        _refuse_unless_default("create_chat_completion", dict(
+            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, logit_bias=logit_bias,
+            logits_processor=logits_processor), _SAMPLING_OFF)
+        if grammar is not None and response_format is not None:
+            raise ValueError("create_chat_completion: give grammar or response_format, not both")
         llm = self._llm
         ids = llm.chat_tokens(messages)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         n_top = (top_logprobs or 0) if logprobs else None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
-                            draft_tokens=self._draft_tokens, response_format=response_format, **kw)
+                            draft_tokens=self._draft_tokens, response_format=response_format,
+                            grammar=_gbnf(grammar), **kw)
         if stream:
             return self._stream_chat(handle, oai.head("chat.completion.chunk", model or self.model_path), n_top)
         pieces, c = _drain(handle)
