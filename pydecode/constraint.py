@@ -383,7 +383,7 @@ class Constraint:
         # computed only when the grammar's answers about the draws and the best candidates do not
         # decide the choice.
         t0 = time.perf_counter()
-        x = sampler.penalize(logits, recent) if recent else logits
+        x = sampler.penalize(logits, recent)   # penalties and logit bias (a copy), if any
         summary = summary if x is logits else None
         t, sure = sampler.propose(x, summary)
         self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)

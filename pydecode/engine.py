@@ -85,6 +85,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._summ = 0.0                       # the model's sampling-summary setting, as last set here
         self._state_waiting = 0                # restores waiting for a free slot (_take_slot)
+        self.n_steps = 0                       # model calls made (steps with work)
+        self.busy_in_steps = 0                 # the sequences those steps carried, summed
         # Tokens a constraint forces run through the model in one pass (False: one step each;
         # the same tokens either way, which the tests check).
         self.forced_runs = True
@@ -96,7 +98,8 @@ class Engine:
     def submit(self, prompt: str | list[int], max_tokens: int = 256, *, stop: str | list[str] | None = None,
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
                ignore_eos: bool = False, json_schema=None, regex: str | None = None, grammar: str | None = None,
-               choices: list[str] | None = None, response_format: dict | None = None, **sampling) -> Handle:
+               choices: list[str] | None = None, response_format: dict | None = None, slot: int | None = None,
+               **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
         parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
@@ -109,8 +112,12 @@ class Engine:
         string), regex, grammar (Lark or GBNF), choices (the output is one of these strings),
         response_format (OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"name", "schema", "strict"}}, or llama-cpp-python's {"type": "json_object", "schema": ...}).
-        The output then always matches it; a bad one raises ValueError here."""
+        The output then always matches it; a bad one raises ValueError here. slot: run in this KV
+        slot (waiting while it is in use), e.g. to reuse what it holds (llama-server's id_slot);
+        default: the free slot sharing the longest prefix with the prompt."""
         m = self.model
+        if slot is not None and (not _is_int(slot) or not 0 <= slot < m.n_seq):
+            raise ValueError(f"slot must be an integer in 0..{m.n_seq - 1} (the sequence slots), got {slot!r}")
         if self._closed:
             raise ModelClosedError("the engine is closed")
         if draft_tokens is not None and (not _is_int(draft_tokens) or not 0 <= draft_tokens <= speculative.MAX_DRAFT):
@@ -125,6 +132,7 @@ class Engine:
                                  m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g)))
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
+        s.want_slot = slot
         s.pieces.extend(policy.start())   # what a constraint forces first
         if policy.completion is not None:   # ... may be the whole output (choices=["yes"])
             s.done = True
@@ -213,6 +221,9 @@ class Engine:
                     return 0
                 self._stepper = me
                 plan = self._plan()
+            if plan:   # (counts for the server's /metrics: model calls, and the sequences in each)
+                self.n_steps += 1
+                self.busy_in_steps += len({id(s) for s, _, _ in plan})
             self._execute(plan)
             return sum(len(toks) for _, toks, _ in plan)
         finally:
@@ -235,7 +246,7 @@ class Engine:
             if s in self._active:            # an interrupt landed between the two lines below
                 self._queue.popleft()
                 continue
-            got = ledger.lease(s.prompt, s)  # the same slot again if s already holds one
+            got = ledger.lease(s.prompt, s) if s.want_slot is None else ledger.lease_slot(s.want_slot, s.prompt, s)
             if got is None:   # the other slots are leased elsewhere (another Engine on this model)
                 break
             s.slot, n = got

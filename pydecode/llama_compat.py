@@ -9,7 +9,7 @@ llama-cpp-python's: a completion samples at temperature 0.8 (top-k 40, top-p 0.9
 Constructor arguments that only mean something to llama.cpp's GPU or memory machinery
 (n_gpu_layers, use_mlock, ...) are accepted and have nothing to do here. Every other parameter
 is either honoured or refused with an error naming it when given a value other than its
-default (logit_bias, logits_processor, mirostat, a LoRA, ... : not yet implemented), never taken
+default (logits_processor, mirostat, a LoRA, ... : not yet implemented), never taken
 and ignored. `grammar` (GBNF text or a LlamaGrammar) constrains the output through llguidance;
 `top_p=0` keeps only the most likely token, as llama.cpp's top-p does.
 """
@@ -43,7 +43,7 @@ _UNSUPPORTED_UNLESS_DEFAULT = {
 _GGML_KV = {0: "f32", 1: "f16", 8: "q8_0"}
 # Sampling parameters of create_completion / create_chat_completion not implemented yet, with
 # the default that means "off" (the only value accepted).
-_SAMPLING_OFF = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "logit_bias": None,
+_SAMPLING_OFF = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
                  "logits_processor": None, "stopping_criteria": None}
 
 
@@ -226,7 +226,7 @@ class Llama:
                           grammar=None, logit_bias=None) -> dict | Iterator[dict]:
         """An OpenAI text completion of `prompt` (text or token ids), as llama-cpp-python makes it."""
         _refuse_unless_default("create_completion", dict(
-            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, logit_bias=logit_bias,
+            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             logits_processor=logits_processor, stopping_criteria=stopping_criteria), _SAMPLING_OFF)
         if suffix is not None:
             raise NotImplementedError("create_completion: suffix (fill-in-the-middle) is not supported by pydecode yet")
@@ -234,6 +234,7 @@ class Llama:
         ids = llm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
+        kw["logit_bias"] = logit_bias or None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop),
                             logprobs=logprobs, draft_tokens=self._draft_tokens, grammar=_gbnf(grammar), **kw)
         head = oai.head("text_completion", model or self.model_path)
@@ -287,7 +288,7 @@ class Llama:
                 raise NotImplementedError(f"create_chat_completion: {name} (function calling) is not supported by "
                                           f"pydecode yet")
         _refuse_unless_default("create_chat_completion", dict(
-            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, logit_bias=logit_bias,
+            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             logits_processor=logits_processor), _SAMPLING_OFF)
         if grammar is not None and response_format is not None:
             raise ValueError("create_chat_completion: give grammar or response_format, not both")
@@ -295,6 +296,7 @@ class Llama:
         ids = llm.chat_tokens(messages)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
+        kw["logit_bias"] = logit_bias or None
         n_top = (top_logprobs or 0) if logprobs else None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
                             draft_tokens=self._draft_tokens, response_format=response_format,

@@ -61,7 +61,8 @@ class LLM:
                seed: int | None = None, stop: str | list[str] | None = None,
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
                json_schema=None, regex: str | None = None, grammar: str | None = None,
-               choices: list[str] | None = None, response_format: dict | None = None) -> Handle:
+               choices: list[str] | None = None, response_format: dict | None = None,
+               logit_bias: dict | None = None) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
@@ -70,7 +71,7 @@ class LLM:
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repeat_last_n=repeat_last_n, seed=seed), on_prefill, draft_tokens, dict(
+            repeat_last_n=repeat_last_n, seed=seed, logit_bias=logit_bias), on_prefill, draft_tokens, dict(
             json_schema=json_schema, regex=regex, grammar=grammar, choices=choices, response_format=response_format))
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
@@ -79,7 +80,7 @@ class LLM:
                  seed: int | None = None, stop: str | list[str] | None = None,
                  logprobs: int | None = None, draft_tokens: int | None = None, json_schema=None,
                  regex: str | None = None, grammar: str | None = None, choices: list[str] | None = None,
-                 response_format: dict | None = None) -> Completion:
+                 response_format: dict | None = None, logit_bias: dict | None = None) -> Completion:
         """Generates a continuation of `prompt` (text or token ids).
 
         temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
@@ -87,6 +88,8 @@ class LLM:
         min_p -> a draw seeded by `seed`. Generation stops at an end-of-generation token, at
         max_tokens, at a full context, or at any of the `stop` strings (not included in the text).
         logprobs=N records each chosen token's log-probability and the N most likely tokens.
+        logit_bias={token id: bias} adds the bias to those tokens' logits before the chain
+        (-inf, or None, bans a token).
         draft_tokens: with a drafter (load's `draft`), the most tokens it may propose per pass
         (0 turns speculative decoding off for this call); the output does not change.
 
@@ -102,7 +105,8 @@ class LLM:
                           repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                           presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
                           logprobs=logprobs, draft_tokens=draft_tokens, json_schema=json_schema, regex=regex,
-                          grammar=grammar, choices=choices, response_format=response_format)
+                          grammar=grammar, choices=choices, response_format=response_format,
+                          logit_bias=logit_bias)
         try:
             return gen.result()
         except BaseException:
@@ -142,9 +146,27 @@ class LLM:
         meta = self.model.gguf.metadata
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
-        return render(for_template(messages, self.reasoning_format),
-                      meta.get("tokenizer.chat_template") or fallback_template(tok), bos_token=bos, eos_token=eos,
+        return render(for_template(messages, self.reasoning_format), self.template, bos_token=bos, eos_token=eos,
                       add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    @property
+    def template(self) -> str:
+        """The chat template's source: `chat_template` when set (a named one, or jinja text), else
+        the model's own (GGUF tokenizer.chat_template), else a built-in one for its vocabulary."""
+        return (self.chat_template or self.model.gguf.metadata.get("tokenizer.chat_template")
+                or fallback_template(self.tokenizer))
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self, "_chat_template", None)
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        """Replaces the model's chat template (None: its own again); a name of
+        chat.named_templates (e.g. "chatml", "llama3") stands for that template."""
+        from .chat.named_templates import resolve_template
+        self._chat_template = None if source is None else resolve_template(source)
+        self.__dict__.pop("_reasoning_format", None)
 
     @property
     def reasoning_format(self) -> str | None:
@@ -152,7 +174,7 @@ class LLM:
         "channel" (Gemma 4's thought channel), "harmony" (gpt-oss's analysis channel) or None
         (see pydecode/chat/reasoning.py)."""
         if not hasattr(self, "_reasoning_format"):
-            self._reasoning_format = reasoning_format(self.model.gguf.metadata.get("tokenizer.chat_template"),
+            self._reasoning_format = reasoning_format(self.chat_template or self.model.gguf.metadata.get("tokenizer.chat_template"),
                                                       self.tokenizer)
         return self._reasoning_format
 

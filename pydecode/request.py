@@ -33,6 +33,7 @@ class _Seq:
         self.cancelled = False
         self.cancel_detail = "cancel()"
         self.on_prefill = None                 # callable(done, total) after each prompt chunk
+        self.want_slot: int | None = None      # the slot it must run in (Engine.submit's slot), if any
         self.t_admit = self.t_last = 0.0
         self.draft_max = 0                     # most draft tokens a pass verifies (0: plain decoding)
         self.lookup = None                     # its speculative.PromptLookup, when it drafts by lookup

@@ -45,6 +45,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repeat_last_n: int = 64        # the penalty window, in tokens (prompt included)
     seed: int | None = None
+    logit_bias: dict | None = None  # {token id: added to its logit}; -inf bans it (llama-cpp-python's)
 
     def __post_init__(self):
         _number("temperature", self.temperature, 0.0, 1e6)
@@ -63,11 +64,37 @@ class SamplingParams:
                              f"got {self.seed!r}")
         if self.seed == -1:   # llama.cpp's spelling of "random"
             object.__setattr__(self, "seed", None)
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias) or None)
 
     @property
     def penalized(self) -> bool:
         return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                            or self.presence_penalty != 0.0)
+
+    @property
+    def adjusted(self) -> bool:
+        """Whether the chain starts from changed logits (penalties or a logit bias): then no step
+        may draw from a summary of the raw logits."""
+        return self.penalized or self.logit_bias is not None
+
+
+def _checked_bias(bias) -> dict[int, float]:
+    """logit_bias as {token id: float}: ids as ints (or their decimal strings, as JSON keys
+    arrive), values finite numbers or -inf (None and False too: llama.cpp's "never this token")."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}")
+    out = {}
+    for k, v in bias.items():
+        t = int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else k
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+        if v is None or v is False:
+            v = -math.inf
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v == math.inf:
+            raise ValueError(f"logit_bias[{k!r}] must be a finite number or -inf, got {v!r}")
+        out[t] = float(v)
+    return out
 
 
 # What `pydecode chat` samples with when the model recommends nothing: llama.cpp's chat defaults
@@ -131,12 +158,18 @@ class Sampler:
         # no penalties, one C call a step (sample() below, with everything precomputed).
         p = params
         bounded = 0 < p.top_k < n_vocab
-        self._fast = (p.temperature > 0 and not p.penalized and (bounded or p.top_p < 1.0 or p.min_p > 0.0))
+        self._fast = (p.temperature > 0 and not p.adjusted and (bounded or p.top_p < 1.0 or p.min_p > 0.0))
         self._fast_args = (p.top_k if bounded else 0, CANDIDATES, 1.0 / p.temperature if p.temperature else 0.0,
                            p.top_p, p.min_p)
         # Plain temperature sampling (untruncated, no penalties): the whole softmax's draw, the
         # one computation the constrained draw makes too (draw_untruncated).
-        self._plain = p.temperature > 0 and not p.penalized and not self._fast
+        self._plain = p.temperature > 0 and not p.adjusted and not self._fast
+        self._bias = None
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias, np.int64)
+            if ids.max() >= n_vocab:
+                raise ValueError(f"logit_bias: token id {int(ids.max())} is outside the vocabulary (0..{n_vocab - 1})")
+            self._bias = (ids, np.fromiter(p.logit_bias.values(), np.float32))
         self._src = self._buf = None
         self.proposal = None   # propose's candidates and draw (a pd_proposal *), made on first use
         self._fresh = False    # whether it holds the last proposed step's candidates
@@ -154,7 +187,7 @@ class Sampler:
         is untruncated; greedy's is the best of its candidates, at any temperature: 1), whenever
         no penalty changes the logits first."""
         p = self.params
-        return 0.0 if p.penalized else self._fast_args[2] if p.temperature > 0 else 1.0
+        return 0.0 if p.adjusted else self._fast_args[2] if p.temperature > 0 else 1.0
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -191,8 +224,13 @@ class Sampler:
         return sample(logits, self.params, self, recent)
 
     def penalize(self, logits: np.ndarray, recent=()) -> np.ndarray:
-        """The logits the chain starts from: with the penalties applied (a copy), if any."""
-        return apply_penalties(logits, recent, self.params) if self.params.penalized and len(recent) else logits
+        """The logits the chain starts from: with the penalties and the logit bias applied (a
+        copy), if any."""
+        x = apply_penalties(logits, recent, self.params) if self.params.penalized and len(recent) else logits
+        if self._bias is not None:
+            x = x.copy() if x is logits else x
+            x[self._bias[0]] += self._bias[1]
+        return x
 
     def propose(self, logits: np.ndarray, summary=None) -> tuple[int, bool]:
         """Structured output's draw first (constraint.py; logits already `penalize`d): a token
@@ -283,7 +321,7 @@ class Sampler:
         one C pass over the logits and the mask; otherwise the disallowed logits become -inf (in
         C) before the chain, or the step's summary decides the draw when it can do so exactly."""
         p = self.params
-        pen = p.penalized and len(recent)
+        pen = p.penalized and len(recent)   # (the logit bias: already in `logits`, see Constraint._choose)
         if p.temperature == 0 and not pen:
             x = np.ascontiguousarray(logits, dtype=np.float32)
             return int(lib.pd_argmax_masked(ffi.cast("float *", x.ctypes.data), self.n_vocab, mask))
@@ -303,13 +341,14 @@ class Sampler:
                 raise MemoryError("sampling scratch memory could not be allocated")
             return int(t)
         x = apply_penalties(logits, recent, p) if pen else logits
-        return sample(constraint.masked_logits(x, mask), p, self, ())
+        return sample(constraint.masked_logits(x, mask), p, self, (), biased=True)
 
 
-def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=()) -> int:
-    """Chooses the next token from one step's logits (see the module docstring for the chain)."""
+def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=(), biased: bool = False) -> int:
+    """Chooses the next token from one step's logits (see the module docstring for the chain);
+    biased: the penalties and logit bias are applied already."""
     p = params
-    x = sampler.penalize(logits, recent)
+    x = logits if biased else sampler.penalize(logits, recent)
     if p.temperature == 0:
         return int(np.argmax(x))
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -73,6 +73,30 @@ class SlotLedger:
             self._lessee[best] = lessee
             return best, best_n
 
+    def lease_slot(self, slot: int, prompt: list[int], lessee: object) -> tuple[int, int] | None:
+        """Leases this one slot (a request pinned to it, llama-server's id_slot): (slot, reusable
+        tokens), or None while it is leased."""
+        with self._lock:
+            if self._lessee[slot] is not None and self._lessee[slot] is not lessee:
+                return None
+            self._lessee[slot] = lessee
+            return slot, reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
+
+    def erase(self, slot: int) -> int:
+        """Forgets what a free slot's cache holds (its tokens are recomputed when next needed);
+        returns how many it held. SlotBusy while a generation leases it."""
+        with self._lock:
+            if self._lessee[slot] is not None:
+                raise SlotBusy(f"sequence slot {slot} is in use by a generation; finish or cancel it first")
+            n = len(self._held[slot])
+            self._held[slot] = []
+            self._spill[slot] = 0
+            return n
+
+    def is_leased(self, slot: int) -> bool:
+        with self._lock:
+            return self._lessee[slot] is not None
+
     def release(self, slot: int, lessee: object, held: list[int], spill: int = 0) -> None:
         """Ends a lease; `held` are the tokens whose K/V the slot now holds, in order ([] when
         unknown, e.g. after an error inside a step); spill: positions written past them (the

@@ -372,3 +372,17 @@ def test_new_family_prompts_tokenize_to_their_markers(name, vocab):
     # The marker that closes the assistant's turn ends a generation.
     end = {"llama-bpe": "<|eot_id|>", "phi-3": "<|end|>", "qwen2": "<|im_end|>"}[vocab]
     assert tok.encode(end, add_special=False)[0] in tok.eog_ids
+
+
+def test_named_templates_render_their_turn_format():
+    from pydecode.chat.named_templates import names, resolve_template
+    from pydecode.chat.templates import render
+    m = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert render(m, resolve_template("command-r")) == (
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>U"
+        "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    assert render(m, resolve_template("llama-3"), bos_token="<B>").startswith("<B><|start_header_id|>system")
+    assert resolve_template("qwen") == resolve_template("chatml")
+    assert resolve_template("{{ 'x' }}") == "{{ 'x' }}"          # not a name: jinja text
+    for n in names():                                            # every name renders
+        assert "U" in render(m, resolve_template(n), bos_token="<s>", eos_token="</s>")

@@ -13,12 +13,12 @@ HONOURED = {
                  "draft_model", "type_k", "type_v", "last_n_tokens_size", "kwargs"},
     "create_completion": {"self", "prompt", "suffix", "max_tokens", "temperature", "top_p", "min_p", "logprobs",
                           "echo", "stop", "frequency_penalty", "presence_penalty", "repeat_penalty", "top_k",
-                          "stream", "seed", "model", "grammar", "mirostat_tau", "mirostat_eta"},
+                          "stream", "seed", "model", "grammar", "mirostat_tau", "mirostat_eta", "logit_bias"},
     "create_chat_completion": {"self", "messages", "functions", "function_call", "tools", "tool_choice",
                                "temperature", "top_p", "top_k", "min_p", "stream", "stop", "seed",
                                "response_format", "max_tokens", "presence_penalty", "frequency_penalty",
                                "repeat_penalty", "model", "grammar", "logprobs", "top_logprobs",
-                               "mirostat_tau", "mirostat_eta"},
+                               "mirostat_tau", "mirostat_eta", "logit_bias"},
 }
 
 
@@ -41,7 +41,7 @@ def llm(smollm_path):
 
 
 @pytest.mark.parametrize("kw", [dict(typical_p=0.5), dict(tfs_z=0.9), dict(mirostat_mode=2),
-                                dict(logit_bias={1: 5.0}), dict(logits_processor=[lambda ids, s: s]),
+                                dict(logits_processor=[lambda ids, s: s]),
                                 dict(stopping_criteria=[lambda ids, s: False]), dict(suffix="return x")])
 def test_completion_parameters_not_implemented_are_refused_by_name(llm, kw):
     name = next(iter(kw))
@@ -51,7 +51,7 @@ def test_completion_parameters_not_implemented_are_refused_by_name(llm, kw):
 
 @pytest.mark.parametrize("kw", [dict(tools=[{"type": "function", "function": {"name": "f"}}]),
                                 dict(tool_choice="auto"), dict(function_call="auto"),
-                                dict(logit_bias={1: 5.0}), dict(mirostat_mode=1), dict(typical_p=0.9)])
+                                dict(mirostat_mode=1), dict(typical_p=0.9)])
 def test_chat_parameters_not_implemented_are_refused_by_name(llm, kw):
     name = next(iter(kw))
     with pytest.raises(NotImplementedError, match=name):
@@ -102,3 +102,12 @@ def test_constructor_refuses_what_would_change_the_model_and_maps_cache_types(sm
         m.close()
     with pytest.warns(UserWarning, match="chat_format='llama-2'"):
         Llama(model_path=str(smollm_path), n_ctx=64, verbose=False, chat_format="llama-2").close()
+
+
+def test_logit_bias_is_honoured(llm):
+    plain = llm("The capital of France is", max_tokens=3, temperature=0)
+    first = llm.tokenize(plain["choices"][0]["text"].encode(), add_bos=False)[0]
+    banned = llm("The capital of France is", max_tokens=3, temperature=0, logit_bias={first: -float("inf")})
+    assert llm.tokenize(banned["choices"][0]["text"].encode(), add_bos=False)[0] != first
+    chat = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=3, logit_bias={first: -100.0})
+    assert chat["choices"][0]["message"]["content"] is not None

@@ -403,3 +403,23 @@ def test_summary_state_and_bad_input(smollm_path):
     finally:
         sampling.Sampler.summary_inv_t = orig
     assert a.tokens == b.tokens
+
+
+def test_logit_bias_bans_and_boosts_on_every_path():
+    """logit_bias is added before the chain: greedy, the truncated C draw, plain temperature
+    sampling and the masked draw all see it (and none reads a summary of the unbiased logits)."""
+    import math
+    from pydecode.sampling import Sampler, SamplingParams
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=1000).astype(np.float32)
+    best = int(np.argmax(logits))
+    for kw in ({}, {"temperature": 0.8, "top_k": 40, "seed": 1}, {"temperature": 1.0, "seed": 2}):
+        banned = Sampler(SamplingParams(logit_bias={best: -math.inf}, **kw), 1000)
+        assert all(banned.sample(logits) != best for _ in range(50))
+        boosted = Sampler(SamplingParams(logit_bias={"7": 1000.0}, **kw), 1000)
+        assert boosted.sample(logits) == 7
+        assert banned.summary_inv_t == 0.0 and banned.propose_inv_t == 0.0
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        Sampler(SamplingParams(logit_bias={5000: 1.0}), 1000)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={1: float("nan")})

@@ -14,6 +14,7 @@ import pytest
 import pydecode
 from pydecode import constraint
 from pydecode.server import app as server_app
+from pydecode.server import info as server_info
 from pydecode.server.params import APIError
 from pydecode.server.state import ServerState
 from serving import MODEL, TIMEOUT, Server
@@ -188,7 +189,7 @@ def test_long_tokenize_lets_other_threads_run(smollm_path, pieces):
         t.start()
         try:
             t0 = time.monotonic()
-            r = server_app._tokenized(llm, text, False, pieces)
+            r = server_info._tokenized(llm, text, False, pieces)
             t1 = time.monotonic()
         finally:
             stop.set()

@@ -1,5 +1,7 @@
-"""`pydecode serve`'s HTTP routes (Starlette): OpenAI's completions and chat completions, models,
-health, metrics, tokenize / detokenize.
+"""`pydecode serve`'s HTTP application (Starlette): reading requests, submitting them to the
+Engine, OpenAI's completions route, and the route table (chat: chat_route.py; llama-server's
+own routes: native.py; Anthropic's: anthropic.py; responses: responses.py; models, health,
+metrics, tokenize: info.py; the API key and CORS: guard.py).
 
 Every generation is an Engine submission (llm.stream); the Engine's driver thread steps the
 whole batch, and the event loop only waits for pieces (Handle.take / set_waker), so one slow or
@@ -9,7 +11,6 @@ or the server shuts down) cancels its sequences at the next step, which frees th
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 
@@ -22,8 +23,6 @@ from starlette.routing import Route
 
 from .. import constraint
 from .. import openai_format as oai
-from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoning, split_reasoning
-from ..chat.templates import TemplateError
 from ..errors import ContextFullError, ModelClosedError, ModelError, QueueFullError
 from ..sampling import SamplingParams
 from . import params
@@ -98,8 +97,18 @@ def check_model(state: ServerState, body: dict) -> None:
         return
     if not isinstance(name, str):
         raise bad("model", f"must be a string, got {name!r}")
-    if name not in state.names:
+    if name not in state.names and state.settings.strict_model:
         raise APIError.unknown_model(name, state.model_id)
+
+
+async def begin(request: Request) -> tuple[ServerState, object, dict]:
+    """What every generating route starts with: the state, the loaded model (or its 503), the
+    request body read and checked as JSON, and its model name checked."""
+    state: ServerState = request.app.state.pd
+    llm = state.model()
+    body = await read_json(request, state.max_body)
+    check_model(state, body)
+    return state, llm, body
 
 
 # The request fields an Engine.submit ValueError may name: the sampler's and the policy's.
@@ -113,10 +122,29 @@ def _param_of(e: ValueError) -> str | None:
     return word if word in FIELDS else None
 
 
-async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str) -> list:
+def openai_generation(state: ServerState, llm, body: dict, chat: bool, default_max_tokens) -> params.Generation:
+    """params.generation with the server's defaults (--temp, --seed, ...), its --n-predict cap
+    and the request's logit_bias."""
+    b = body
+    if "n_predict" in body and "max_tokens" not in body:   # llama-server takes its name on every route
+        b = {**body, "max_tokens": body["n_predict"] if body["n_predict"] >= 0 else None} \
+            if params._is_int(body["n_predict"]) else body
+    g = params.generation(b, chat=chat, default_max_tokens=default_max_tokens, defaults=state.settings.sampling)
+    if g.max_tokens is None and state.settings.n_predict >= 0 and "max_tokens" not in b:   # --n-predict: the default
+        g.max_tokens = state.settings.n_predict or None
+    g.sampling["logit_bias"] = params.resolve_logit_bias(llm, body.get("logit_bias"))
+    return g
+
+
+async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str,
+                 extra: dict | None = None) -> list:
     """Queues n sequences per prompt; on any refusal, none stays queued. The grammar (if any)
-    is converted and checked first, off the event loop (it may take seconds)."""
+    is converted and checked first, off the event loop (it may take seconds). extra: more
+    Engine.submit keywords (slot, on_prefill)."""
     e = llm.engine
+    for ids in prompts:   # a prompt must leave room for a token (llama-server's check, its error's shape)
+        if len(ids) >= llm.n_ctx and not state.settings.context_shift:
+            raise APIError.context_exceeded(len(ids), llm.n_ctx, what)
     wanted, room = len(prompts) * g.n, e.max_seqs + (e.max_queue if e.max_queue is not None else 1 << 62)
     if wanted > room:   # a 429 would never turn into a success
         raise APIError(400, f"{what}: this request asks for {wanted} sequences ({len(prompts)} prompt(s) x n={g.n}); "
@@ -130,7 +158,7 @@ async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Ge
             max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
             for i in range(g.n):
                 handles.append(e.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
-                                        ignore_eos=g.ignore_eos, **structure,
+                                        ignore_eos=g.ignore_eos, **structure, **(extra or {}),
                                         **{**g.sampling, "seed": g.seed(i)}))
     except BaseException as err:
         _cancel(handles)
@@ -168,7 +196,8 @@ def _refusal(e: BaseException, what: str) -> APIError | None:
     if isinstance(e, QueueFullError):
         return APIError(429, f"the server is busy: {e}; retry later", code="queue_full")
     if isinstance(e, ContextFullError):
-        return APIError(400, f"{what}: {e}", param=what, code="context_length_exceeded")
+        return APIError(400, f"{what}: {e}", param=what, code="context_length_exceeded",
+                        type="exceed_context_size_error")
     if isinstance(e, ModelClosedError):
         return APIError.shutting_down()
     if isinstance(e, ModelError):        # the model file changed under it: nothing here can run
@@ -190,7 +219,7 @@ async def completions(request: Request) -> Response:
     llm = state.model()
     body = await read_json(request, state.max_body)
     check_model(state, body)
-    g = params.generation(body, chat=False, default_max_tokens=16)   # OpenAI's default for completions
+    g = openai_generation(state, llm, body, chat=False, default_max_tokens=16)   # OpenAI's default for completions
     echo = params.flag(body, "echo", False)
     if body.get("suffix"):
         raise bad("suffix", "insertion (fill in the middle) is not supported by this server", "unsupported")
@@ -241,65 +270,8 @@ async def completions(request: Request) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    llm = state.model()
-    body = await read_json(request, state.max_body)
-    check_model(state, body)
-    g = params.generation(body, chat=True, default_max_tokens=None)
-    msgs = params.messages(body)
-    kwargs = params.template_kwargs(body)
-    fmt = llm.reasoning_format
-    try:
-        ids = await run_in_threadpool(llm.chat_tokens, msgs, **kwargs)
-        opened = fmt is not None and opens_reasoning(await run_in_threadpool(llm.chat_prompt, msgs, **kwargs), fmt)
-    except (TemplateError, ValueError) as e:
-        raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
-    handles = await submit(state, llm, [ids], g, "messages")
-    model, tok = body.get("model") or state.model_id, llm.tokenizer
-
-    def logprobs(pieces):
-        return oai.chat_logprobs(tok, pieces, g.logprobs) if g.logprobs is not None else None
-
-    if g.stream:
-        head = oai.head("chat.completion.chunk", model)
-        # A reasoning model's text is split as it streams: deltas of reasoning_content, then content.
-        splitters = [ReasoningSplitter(fmt, opened) for _ in handles]
-
-        def chunk(k, delta, lp=None, finish=None):
-            return sse({**head, "system_fingerprint": state.fingerprint,
-                        "choices": [{"index": k, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
-
-        def deltas(k, parts, lp=None):
-            out = [chunk(k, oai.chat_delta(kind, text)) for kind, text in parts]
-            if lp is not None:   # a token's logprobs go out even when it adds no text (a marker)
-                out = out[:-1] + [chunk(k, oai.chat_delta(*parts[-1]) if parts else {"content": ""}, lp)]
-            return out
-
-        async def stream():
-            for k in range(len(handles)):
-                yield chunk(k, {"role": "assistant", "content": ""})
-            async for k, c in text_chunks(handles):
-                if isinstance(c, APIError):
-                    yield sse(c.body())
-                elif isinstance(c, str):
-                    for out in deltas(k, splitters[k].flush()):
-                        yield out
-                    yield chunk(k, {}, finish=c)
-                else:
-                    for out in deltas(k, splitters[k].feed("".join(p.text for p in c)), logprobs(c)):
-                        yield out
-            if g.include_usage:
-                yield sse({**head, "choices": [], "usage": _usage(handles, g.n)})
-            yield DONE
-
-        return _streamed(state, handles, stream())
-
-    pieces = await _finished(state, request, handles)
-    choices = [{"index": k, "message": assistant_message(*split_reasoning(h.completion.text, fmt, opened)),
-                "logprobs": logprobs(ps), "finish_reason": oai.finish_reason(h.completion.finish_reason)}
-               for k, (h, ps) in enumerate(zip(handles, pieces))]
-    return JSONResponse({**oai.head("chat.completion", model), "system_fingerprint": state.fingerprint,
-                         "choices": choices, "usage": _usage(handles, g.n)})
+    from .chat_route import chat_completions as route   # (it imports this module)
+    return await route(request)
 
 
 def _usage(handles, n: int) -> dict:
@@ -336,161 +308,32 @@ async def _finished(state: ServerState, request: Request, handles) -> list[list]
     return pieces
 
 
-# ---------------------------------------------------------------- the other routes
-
-def _model_card(state: ServerState) -> dict:
-    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "pydecode"}
-
-
-async def list_models(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
-
-
-async def get_model(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    name = request.path_params["name"]
-    if name not in state.names:
-        raise APIError.unknown_model(name, state.model_id)
-    return JSONResponse(_model_card(state))
-
-
-async def health(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    if state.status == "ok":
-        e = state.llm.engine
-        return JSONResponse({"status": "ok", "model": state.model_id, "active": e.n_active, "queued": e.n_queued,
-                             "slots": e.max_seqs})
-    if state.status == "error":
-        return JSONResponse({"status": "error", "message": state.error}, 500)
-    return JSONResponse({"status": state.status}, 503)
-
-
-async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    return Response(state.metrics.text(), media_type=state.metrics.content_type)
-
-
-async def tokenize(request: Request) -> Response:
-    """llama-server's /tokenize: {"content", "add_special" (default true), "with_pieces"}."""
-    state: ServerState = request.app.state.pd
-    llm = state.model()
-    body = await read_json(request, state.max_body)
-    text = params.text_field(body, "content")
-    add_special = params.flag(body, "add_special", True)
-    with_pieces = params.flag(body, "with_pieces", False)
-    # Tokenizing, and the answer's JSON, cost seconds on megabytes of text: off the event loop.
-    return await run_in_threadpool(_tokenized, llm, text, add_special, with_pieces)
-
-
-def _tokenized(llm, text: str, add_special: bool, with_pieces: bool) -> Response:
-    ids = llm.tokenize(text, add_special)
-    if not with_pieces:
-        return _json_list("tokens", ids)
-    pieces: dict[int, str] = {}   # each distinct token decoded once
-    for t in ids:
-        if t not in pieces:
-            pieces[t] = llm.detokenize([t])
-    return _json_list("tokens", [{"id": t, "piece": pieces[t]} for t in ids])
-
-
-def _json_list(key: str, items: list, part: int = 4096) -> Response:
-    """{key: items} as JSONResponse writes it, serialized a slice at a time: one json.dumps of a
-    million items holds the GIL for 0.4 s, and the event loop (in another thread) waits with it."""
-    dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-    body = ",".join(dumps(items[i:i + part])[1:-1] for i in range(0, len(items), part))
-    return Response(f'{{{dumps(key)}:[{body}]}}'.encode(), media_type="application/json")
-
-
-async def detokenize(request: Request) -> Response:
-    state: ServerState = request.app.state.pd
-    llm = state.model()
-    body = await read_json(request, state.max_body)
-    ids = params.tokens_field(body, "tokens", llm.model.n_vocab)
-    return await run_in_threadpool(lambda: JSONResponse({"content": llm.detokenize(ids)}))
-
-
 # ---------------------------------------------------------------- the app
 
-class Guard:
-    """Outermost: the API key on every route but /health (compared in constant time), and each
-    answer counted in /metrics by route and status."""
-
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = [500]
-
-        async def counted(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if self.state.api_key is not None and scope["path"] not in PUBLIC and scope["method"] != "OPTIONS" \
-                    and not self._authorized(scope):
-                err = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
-                               code="invalid_api_key")
-                await JSONResponse(err.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, counted)
-            else:
-                await self.app(scope, receive, counted)
-        finally:
-            self.state.metrics.count_request(scope["path"], status[0])
-
-    def _authorized(self, scope) -> bool:
-        given = b""
-        for k, v in scope.get("headers", ()):
-            if k == b"authorization":
-                given = v
-        scheme, _, key = given.partition(b" ")
-        # compare_digest takes time independent of where the keys differ.
-        return hmac.compare_digest(key.strip(), self.state.api_key) and scheme.lower() == b"bearer"
-
-
-async def _api_error(request: Request, e: APIError) -> Response:
-    if e.status == 499:
-        return Response(status_code=499)
-    # 408 / 413: the rest of the body was never read, so the connection cannot carry another
-    # request; closing it frees the client at once (else it waits out the keep-alive, 5 s).
-    return JSONResponse(e.body(), e.status, headers={"connection": "close"} if e.status in (408, 413) else None)
-
-
-async def _http_error(request: Request, e: HTTPException) -> Response:
-    if e.status_code == 404:
-        msg, code = f"no route {request.method} {request.url.path}", "unknown_route"
-    elif e.status_code == 405:
-        msg, code = f"{request.url.path} does not take {request.method}", "method_not_allowed"
-    else:
-        msg, code = str(e.detail), None
-    return JSONResponse(APIError(e.status_code, msg, code=code).body(), e.status_code, headers=e.headers)
-
-
-async def _server_error(request: Request, e: Exception) -> Response:
-    err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
-    return JSONResponse(err.body(), 500)
-
-
 def create_app(state: ServerState, cors_origins=()):
-    """The ASGI application over `state` (its model may load later: see ServerState.ready)."""
-    from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
+    """The ASGI application over `state` (its model may load later: see ServerState.ready):
+    OpenAI's routes (with and without /v1, as llama-server), llama-server's own (native.py),
+    Anthropic's (anthropic.py), OpenAI's responses (responses.py); the API key and CORS
+    outermost (guard.py)."""
+    from . import anthropic, guard, info, native, responses
 
-    routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{name:path}", get_model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-    ]
-    middleware = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
-                             allow_headers=["*"])] if cors_origins else []
-    app = Starlette(routes=routes, middleware=middleware,
-                    exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    if cors_origins:
+        state.settings.cors = tuple(cors_origins)
+    routes = []
+    for prefix in ("/v1", ""):
+        routes += [Route(f"{prefix}/completions", completions, methods=["POST"]) if prefix else None,
+                   Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
+                   Route(f"{prefix}/models", info.list_models, methods=["GET"]),
+                   Route(f"{prefix}/models/{{name:path}}", info.get_model, methods=["GET"]),
+                   Route(f"{prefix}/health", info.health, methods=["GET"]),
+                   Route(f"{prefix}/embeddings", info.embeddings, methods=["POST"])]
+    routes = [r for r in routes if r is not None]
+    routes += [Route("/metrics", info.metrics, methods=["GET"]),
+               Route("/tokenize", info.tokenize, methods=["POST"]),
+               Route("/detokenize", info.detokenize, methods=["POST"]),
+               Route("/predict", info.predict, methods=["POST"])]
+    routes += native.routes() + anthropic.routes() + responses.routes()
+    app = Starlette(routes=routes, exception_handlers={APIError: guard.api_error, HTTPException: guard.http_error,
+                                                       Exception: guard.server_error})
     app.state.pd = state
-    return Guard(app, state)
+    return guard.Guard(app, state)

@@ -58,6 +58,13 @@ class Metrics:
         Gauge("pydecode_model_ready", "1 once the model has loaded", registry=r).set_function(
             lambda: int(state.llm is not None))
 
+        # llama-server's own series (its clients and dashboards read these names), kept apart:
+        # prometheus-client cannot spell a counter "llamacpp:x_total" under the TYPE name
+        # llama-server gives it, so they are written by hand (text()).
+        self.state = state
+        self.ll = dict(prompt=0, cached=0, prompt_s=0.0, predicted=0, predicted_s=0.0, n_tokens_max=0, drafted=0, accepted=0)
+        self._last_scrape = dict(prompt=0, prompt_s=0.0, predicted=0, predicted_s=0.0)
+
     def count_request(self, path: str, status: int) -> None:
         route = path if path in ROUTES else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
         self.requests.labels(route, str(status)).inc()
@@ -65,6 +72,15 @@ class Metrics:
     def observe(self, completion) -> None:
         """A generation has ended: its tokens and latencies."""
         s = completion.stats
+        ll = self.ll
+        ll["prompt"] += s.prompt_tokens - s.cached_tokens
+        ll["cached"] += s.cached_tokens
+        ll["prompt_s"] += s.prefill_s
+        ll["predicted"] += s.generated_tokens
+        ll["predicted_s"] += s.decode_s
+        ll["drafted"] += s.draft_tokens
+        ll["accepted"] += s.accepted_tokens
+        ll["n_tokens_max"] = max(ll["n_tokens_max"], s.prompt_tokens + s.generated_tokens)
         self.prompt_tokens.inc(s.prompt_tokens)
         self.cached_tokens.inc(s.cached_tokens)
         self.generated_tokens.inc(s.generated_tokens)
@@ -78,4 +94,41 @@ class Metrics:
             self.itl.observe(dt)
 
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llamacpp()
+
+    def llamacpp(self) -> bytes:
+        """llama-server's llamacpp:* series. The two throughput gauges cover the time since the
+        last scrape (0 when nothing ran), as llama-server's do."""
+        ll, last = self.ll, self._last_scrape
+        llm = self.state.llm
+        e = llm.engine if llm is not None and not llm.closed else None
+
+        def rate(n, s):
+            dn, ds = ll[n] - last[n], ll[s] - last[s]
+            return dn / ds if ds > 0 else 0.0
+
+        prompt_rate, predicted_rate = rate("prompt", "prompt_s"), rate("predicted", "predicted_s")
+        self._last_scrape = {k: ll[k] for k in last}
+        drafted, accepted = ll["drafted"], ll["accepted"]
+        series = [
+            ("prompt_tokens_total", "counter", "Prompt tokens processed (not counting those taken from the cache)", ll["prompt"]),
+            ("prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was reused", ll["cached"]),
+            ("prompt_seconds_total", "counter", "Prompt processing time", ll["prompt_s"]),
+            ("tokens_predicted_total", "counter", "Tokens generated", ll["predicted"]),
+            ("tokens_predicted_seconds_total", "counter", "Generation time", ll["predicted_s"]),
+            ("n_decode_total", "counter", "Model calls (steps of the batch)", e.n_steps if e else 0),
+            ("n_tokens_max", "counter", "Largest number of tokens a sequence held", ll["n_tokens_max"]),
+            ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed", drafted),
+            ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted", accepted),
+            ("spec_decode_num_drafts_total", "counter", "Draft tokens proposed (one count per token)", drafted),
+            ("prompt_tokens_seconds", "gauge", "Prompt throughput since the last scrape, tokens/s", prompt_rate),
+            ("predicted_tokens_seconds", "gauge", "Generation throughput since the last scrape, tokens/s", predicted_rate),
+            ("requests_processing", "gauge", "Requests generating now", e.n_active if e else 0),
+            ("requests_deferred", "gauge", "Requests waiting for a slot", e.n_queued if e else 0),
+            ("n_busy_slots_per_decode", "gauge", "Average sequences per model call",
+             e.busy_in_steps / e.n_steps if e and e.n_steps else 0.0),
+        ]
+        out = []
+        for name, kind, doc, v in series:
+            out += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {float(v)!r}"]
+        return ("\n".join(out) + "\n").encode()

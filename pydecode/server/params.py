@@ -23,7 +23,8 @@ class APIError(Exception):
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-             500: "server_error", 503: "unavailable_error"}
+             500: "server_error", 501: "not_supported_error", 503: "unavailable_error", 403: "permission_error",
+             409: "invalid_request_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None):
@@ -40,8 +41,20 @@ class APIError(Exception):
         return cls(404, f"the model {name!r} is not served here; this server serves {served!r} (GET /v1/models)",
                    param="model", code="model_not_found")
 
+    @classmethod
+    def context_exceeded(cls, n_prompt: int, n_ctx: int, param: str = "prompt") -> "APIError":
+        """llama-server's error for a prompt with no room left for a token, with its fields."""
+        e = cls(400, f"{param}: the request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens); "
+                     f"shorten it or start the server with a larger -c", param=param,
+                code="context_length_exceeded", type="exceed_context_size_error")
+        e.extra = {"n_prompt_tokens": n_prompt, "n_ctx": n_ctx}
+        return e
+
+    extra: dict = {}
+
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 def bad(param: str, message: str, code: str | None = None) -> APIError:
@@ -108,16 +121,16 @@ class Generation:
         return None if s is None else (s + i) % 2**64
 
 
-def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Generation:
+# Sampling when neither the request nor the server's flags say: llama-server's defaults.
+SERVER_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64)
+
+
+def generation(body: dict, chat: bool, default_max_tokens: int | None, defaults: dict | None = None) -> Generation:
     """The fields /v1/completions and /v1/chat/completions share (chat: the chat endpoint's
-    spelling of max_tokens and logprobs)."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad(name, "tool and function calling are not supported by this server", "unsupported")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise bad("tool_choice", "tool calling is not supported by this server", "unsupported")
-    if body.get("logit_bias"):
-        raise bad("logit_bias", "is not supported by this server", "unsupported")
+    spelling of max_tokens and logprobs). defaults: the server's sampling settings (its flags)
+    over SERVER_SAMPLING, for the fields a request leaves out. logit_bias is read by
+    resolve_logit_bias (it needs the tokenizer); tools by chat_tools."""
+    d = {**SERVER_SAMPLING, **(defaults or {})}
     # Structured output: OpenAI's response_format, or llama.cpp server's json_schema / grammar
     # fields; checked against the vocabulary when queued (constraint.py), a bad one a 400.
     structure = {k: body[k] for k in ("response_format", "json_schema", "grammar") if body.get(k) is not None}
@@ -136,20 +149,22 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Genera
         if best_of != n:
             raise bad("best_of", f"must equal n ({n}) here: candidates are not ranked server-side", "unsupported")
 
-    temperature = _number(body, "temperature", 1.0, lo=0.0, hi=1e6)
-    top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
-    top_k = _int(body, "top_k", 0)
+    temperature = _number(body, "temperature", d["temperature"], lo=0.0, hi=1e6)
+    top_p = _number(body, "top_p", d["top_p"], lo=0.0, hi=1.0)
+    top_k = _int(body, "top_k", d["top_k"])
     if top_p == 0.0:            # OpenAI allows 0: only the most likely token
         top_p, top_k = 1.0, 1
     top_k = max(0, top_k)       # llama.cpp's spelling of "off" is <= 0
-    seed = _int(body, "seed", None)
+    seed = _int(body, "seed", d.get("seed"))
+    if seed is not None and seed < 0:   # llama.cpp's -1: a random seed
+        seed = None
     sampling = dict(
         temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=_number(body, "min_p", 0.0, lo=0.0, hi=1.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, lo=0.0, hi=1e6, lo_open=True),
-        repeat_last_n=_int(body, "repeat_last_n", 64, lo=0),
-        presence_penalty=_number(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        min_p=_number(body, "min_p", d["min_p"], lo=0.0, hi=1.0),
+        repeat_penalty=_number(body, "repeat_penalty", d["repeat_penalty"], lo=0.0, hi=1e6, lo_open=True),
+        repeat_last_n=_window(_int(body, "repeat_last_n", d["repeat_last_n"], lo=-1)),
+        presence_penalty=_number(body, "presence_penalty", d.get("presence_penalty", 0.0), lo=-2.0, hi=2.0),
+        frequency_penalty=_number(body, "frequency_penalty", d.get("frequency_penalty", 0.0), lo=-2.0, hi=2.0),
         seed=None if seed is None else seed % 2**64)
 
     stop = body.get("stop")
@@ -184,6 +199,41 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None) -> Genera
                       _bool(body, "ignore_eos"), structure)
 
 
+def _window(n: int) -> int:
+    return 1 << 30 if n == -1 else n   # llama.cpp's -1: the whole context
+
+
+def resolve_logit_bias(llm, raw) -> dict | None:
+    """logit_bias as OpenAI ({"id": bias}) and llama-server ([[id or text, bias], ...]: a text
+    stands for each of its tokens; a bias of false bans the token) give it -> {id: bias}."""
+    if raw is None or raw == [] or raw == {}:
+        return None
+    pairs = list(raw.items()) if isinstance(raw, dict) else raw
+    if not isinstance(pairs, list):
+        raise bad("logit_bias", f"must be an object of token id -> bias or a list of [token, bias], got {raw!r}")
+    out: dict[int, float] = {}
+    n_vocab = llm.model.n_vocab
+    for item in pairs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise bad("logit_bias", f"each entry must be [token id or text, bias], got {item!r}")
+        key, v = item
+        if v is False or v is None:
+            v = -math.inf
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v == math.inf:
+            raise bad("logit_bias", f"a bias must be a finite number or false, got {v!r}")
+        if _is_int(key) or (isinstance(key, str) and key.strip().isdigit() and isinstance(raw, dict)):
+            ids = [int(key)]
+        elif isinstance(key, str) and key:
+            ids = llm.tokenize(key, False, False)
+        else:
+            raise bad("logit_bias", f"a key must be a token id or a text, got {key!r}")
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise bad("logit_bias", f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
+            out[t] = max(float(v), -math.inf)
+    return out or None
+
+
 def prompts(body: dict, n_vocab: int) -> list[str | list[int]]:
     """/v1/completions' prompt: a string, a list of strings, a list of token ids, or a list of
     lists of token ids; each is one prompt (its choices follow each other in `choices`)."""
@@ -209,7 +259,7 @@ def prompts(body: dict, n_vocab: int) -> list[str | list[int]]:
 def messages(body: dict) -> list[dict]:
     """/v1/chat/completions' messages, for the chat template: each {"role", "content": str}
     (and an assistant's "reasoning_content", kept); content given as parts keeps its text parts
-    (joined by newlines); "developer" is a system message (OpenAI's newer name for it)."""
+    (joined by blank lines, as llama-server does); "developer" is a system message (OpenAI's newer name for it)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects",
@@ -237,10 +287,18 @@ def messages(body: dict) -> list[dict]:
                     raise bad(f"{where}.content[{j}]", f"this model reads text only, not {kind}", "unsupported")
                 else:
                     raise bad(f"{where}.content[{j}]", f"must be a {{\"type\": \"text\", \"text\": ...}} part, got {part!r}")
-            content = "\n".join(texts)
+            content = "\n\n".join(texts)   # (as llama-server joins a message's text parts)
         elif not isinstance(content, str):
             raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
         msg = {"role": "system" if role == "developer" else role, "content": content}
+        calls = m.get("tool_calls")
+        if calls is not None and role == "assistant":
+            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                raise bad(f"{where}.tool_calls", "must be a list of tool call objects")
+            msg["tool_calls"] = [_template_call(c) for c in calls]
+        for key in ("tool_call_id", "name"):
+            if role == "tool" and isinstance(m.get(key), str):
+                msg[key] = m[key]
         reasoning = m.get("reasoning_content")
         if reasoning is not None and role == "assistant":
             # An earlier answer's reasoning, as this server returned it: the template decides
@@ -250,6 +308,19 @@ def messages(body: dict) -> list[dict]:
             msg["reasoning_content"] = reasoning
         out.append(msg)
     return out
+
+
+def _template_call(c: dict) -> dict:
+    """A tool call of the history as templates read it: function.arguments as an object
+    (Qwen's and Llama's templates tojson it; OpenAI sends it as a JSON string)."""
+    fn = dict(c.get("function") or {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            fn["arguments"] = __import__("json").loads(args)
+        except ValueError:
+            pass
+    return {**c, "function": fn}
 
 
 # Variables the server sets itself: a request cannot override them.

@@ -119,22 +119,31 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, aliases=(), api_key=None,
-          max_body: int = 8 << 20, max_queue: int | None = 256, cors=(), log=None, verbose: bool = False,
-          read_timeout: float = READ_TIMEOUT_S) -> int:
+          api_keys=(), settings=None, max_body: int = 8 << 20, max_queue: int | None = 256, cors=(), log=None,
+          verbose: bool = False, read_timeout: float = READ_TIMEOUT_S) -> int:
     """Serves the LLM that load() returns (called in a background thread) until a stop signal;
-    returns the exit status: 0, or 1 if the model failed to load. read_timeout: seconds a client
-    has to send its request headers, and then each part of its body (408 beyond)."""
+    returns the exit status: 0, or 1 if the model failed to load. host: one address or several,
+    comma-separated. settings: the server-wide settings (server/settings.py; defaults if None).
+    read_timeout: seconds a client has to send its request headers, and then each part of its
+    body (408 beyond)."""
+    from .settings import Settings
+    settings = settings or Settings(aliases=tuple(aliases), cors=tuple(cors))
+    keys = [k for k in ([api_key] if api_key else []) + list(api_keys) if k]
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    state = ServerState(model_id, aliases, api_key, max_body, read_timeout)
-    config = uvicorn.Config(create_app(state, cors), host=host, port=port, lifespan="off",
+    state = ServerState(model_id, settings.aliases or aliases, keys, max_body, read_timeout, settings)
+    config = uvicorn.Config(create_app(state), host=host, port=port, lifespan="off",
                             http=deadline_protocol(read_timeout),
                             log_level="info" if verbose else "warning", access_log=verbose,
                             timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)
     server = _Server(config, state)
-    sock = bind(host, port)
-    where = sock.getsockname()
-    shown = f"[{where[0]}]" if sock.family == socket.AF_INET6 else where[0]
-    log(f"pydecode serve: listening on http://{shown}:{where[1]} (loading {model_id}; GET /health says when ready)")
+    socks = [bind(h.strip(), port) for h in host.split(",") if h.strip()]
+    if not socks:
+        raise OSError(f"no address to listen on in --host {host!r}")
+    where = []
+    for sock in socks:
+        w = sock.getsockname()
+        where.append(f"http://{f'[{w[0]}]' if sock.family == socket.AF_INET6 else w[0]}:{w[1]}")
+    log(f"pydecode serve: listening on {', '.join(where)} (loading {model_id}; GET /health says when ready)")
 
     def load_in_background():
         try:
@@ -160,12 +169,13 @@ def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, ali
     loader.start()
     logging.getLogger("uvicorn.error").setLevel(logging.INFO if verbose else logging.WARNING)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
         state.shutdown()
         if state.llm is not None:
             state.llm.close()
-        sock.close()
+        for sock in socks:
+            sock.close()
     if state.status == "error":
         return 1
     log("pydecode serve: stopped")

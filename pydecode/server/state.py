@@ -20,17 +20,25 @@ class ServerState:
     """What the routes share: the model once loaded, its names, the API key, the generations in
     flight (ended at shutdown), the metrics."""
 
-    def __init__(self, model_id: str, aliases=(), api_key: str | None = None, max_body: int = 8 << 20,
-                 read_timeout: float = 60.0):
+    def __init__(self, model_id: str, aliases=(), api_key=None, max_body: int = 8 << 20,
+                 read_timeout: float = 60.0, settings=None):
+        from .settings import Settings
+        self.settings = settings or Settings(aliases=tuple(aliases))
         self.model_id = model_id
         self.names = {model_id, *aliases}
         self.llm = None
         self.status = "loading"          # loading -> ok -> shutting down; or error
         self.error: str | None = None
-        self.api_key = api_key.encode() if api_key else None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+        self.api_keys = [k.encode() for k in keys if k]   # any of them opens every route but /health
+        self.api_key = self.api_keys[0] if self.api_keys else None
         self.max_body = max_body
         self.read_timeout = read_timeout  # seconds between parts of a request body (408 beyond)
         self.created = int(time.time())
+        self.started = time.time()       # (llama-server's Process-Start-Time-Unix header on /metrics)
+        self.last_request = time.monotonic()
+        self.sleeping = False
+        self.metrics_snapshot = None
         self.live: set = set()           # Handles of the requests in flight
         self.fingerprint = f"pydecode-{__version__}"
         self.metrics = Metrics(self)
@@ -38,6 +46,21 @@ class ServerState:
         # Grammars are converted and checked here, off the event loop (see app._compiled).
         self.grammar_threads = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="pydecode-grammar")
         self.grammar_budget_s = GRAMMAR_BUDGET_S
+
+    def touch(self) -> None:
+        """A request that is not monitoring arrived: the server is awake (--sleep-idle-seconds)."""
+        self.last_request = time.monotonic()
+        self.sleeping = False
+
+    def check_sleep(self) -> bool:
+        """Whether the server has been idle past --sleep-idle-seconds (then it says it sleeps:
+        the model's weights are file-backed pages the OS may take back, nothing to reload)."""
+        s = self.settings.sleep_idle_s
+        if s is not None and not self.sleeping and self.llm is not None and self.llm.engine.n_active == 0 \
+                and time.monotonic() - self.last_request > s:
+            self.sleeping = True
+            self.metrics_snapshot = self.metrics.text()   # what /metrics says while asleep (first scrape)
+        return self.sleeping
 
     def ready(self, llm) -> None:
         self.llm, self.status = llm, "ok"
