@@ -140,11 +140,13 @@ class Llama:
         self._draft_tokens = None if draft_model is None else min(draft_model.num_pred_tokens, MAX_DRAFT)
         self.metadata = {k: str(v) for k, v in self._llm.model.gguf.metadata.items() if not isinstance(v, list)}
         self.chat_format = chat_format
-        if chat_format is not None:   # said, not silently dropped: the named formats are not built in yet
-            import warnings
-            warnings.warn(f"chat_format={chat_format!r}: pydecode renders chats with the model's own template "
-                          f"(the GGUF's tokenizer.chat_template); llama-cpp-python's named formats are not built in",
-                          UserWarning, stacklevel=2)
+        if chat_format is not None:   # a named format replaces the model's own template
+            from .chat.named_templates import ALIASES, NAMED, names
+            if chat_format.strip().lower() not in NAMED and chat_format.strip().lower() not in ALIASES:
+                self._llm.close()
+                raise ValueError(f"chat_format={chat_format!r} is not a chat format pydecode has; it has: "
+                                 f"{', '.join(names())} (or leave it out: the model's own template)")
+            self._llm.chat_template = chat_format
         # One generator for the calls that give no seed, seeded here like llama.cpp's sampler:
         # the same sequence of calls draws the same text.
         self._rng = np.random.default_rng(None if seed in (LLAMA_DEFAULT_SEED, -1) else seed)

@@ -82,11 +82,10 @@ def test_llama_cpp_python_readme_examples_run(smollm_path):
     u = output["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens"] > 5
 
-    with pytest.warns(UserWarning, match="chat_format='llama-2'"):   # said: the GGUF's own template is used
-        llm = Llama(
-              model_path=str(smollm_path),
-              chat_format="llama-2"
-        )
+    llm = Llama(                                # chat_format: its named template replaces the model's
+          model_path=str(smollm_path),
+          chat_format="llama-2"
+    )
     reply = llm.create_chat_completion(
           messages = [
               {"role": "system", "content": "You are an assistant who perfectly describes images."},

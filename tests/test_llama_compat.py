@@ -100,8 +100,13 @@ def test_constructor_refuses_what_would_change_the_model_and_maps_cache_types(sm
         assert m("Hello", max_tokens=2)["usage"]["completion_tokens"] == 2
     finally:
         m.close()
-    with pytest.warns(UserWarning, match="chat_format='llama-2'"):
-        Llama(model_path=str(smollm_path), n_ctx=64, verbose=False, chat_format="llama-2").close()
+    m = Llama(model_path=str(smollm_path), n_ctx=64, verbose=False, chat_format="llama-2")
+    try:   # the named format's turns, not the model's ChatML
+        assert m._llm.chat_prompt([{"role": "user", "content": "Hi"}]).endswith("[INST] Hi [/INST]")
+    finally:
+        m.close()
+    with pytest.raises(ValueError, match="chat_format='no-such-format'.*chatml"):
+        Llama(model_path=str(smollm_path), n_ctx=64, verbose=False, chat_format="no-such-format")
 
 
 def test_logit_bias_is_honoured(llm):
