@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from . import _core
+from .budget import ClosingBudget
 from .tokenizer.common import CONTROL, UNKNOWN
 
 ffi, lib = _core.ffi, _core.lib
@@ -64,6 +65,7 @@ class Grammar:
     def __init__(self, text: str, what: str):
         self.text, self.what = text, what
         self.checked = None
+        self.schema = None   # the JSON Schema it was made from, if any
 
     def __repr__(self) -> str:
         return f"Grammar({self.what})"
@@ -122,7 +124,9 @@ def _json_grammar(schema, name: str) -> Grammar:
         g = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
-    return Grammar(g, name)
+    out = Grammar(g, name)
+    out.schema = json.loads(text)   # (for the closing of a cut output: budget.py)
+    return out
 
 
 def _response_format(rf) -> Grammar | None:
@@ -305,6 +309,7 @@ def llg_tokenizer(tokenizer):
             eos = sorted(tokenizer.eog_ids) or [vocab.eos_token_id]
             got = llg.LLTokenizer(llg.TokenizerWrapper(vocab), n_vocab=tokenizer.vocab_size, eos_token=eos)
             vocab.greedy = got
+            tokenizer._llg_vocab = vocab
             tokenizer._llg_tokenizer = got
             log.info("structured output: llguidance's tokenizer for %d tokens built in %.2f s",
                      tokenizer.vocab_size, time.perf_counter() - t0)
@@ -327,6 +332,9 @@ class Constraint:
         self.grammar, self.fast_forward, self.n_vocab = grammar, fast_forward, n_vocab
         self.matcher = llg.LLMatcher(llg_tokenizer(tokenizer), grammar.text, log_level=0)
         self._raise_if_error()
+        self.vocabulary = tokenizer._llg_vocab   # text -> token ids, as llguidance tokenizes
+        # JSON from a schema closes within max_tokens: the shortest completion, kept up to date
+        self.budget = ClosingBudget(self, tokenizer, grammar.schema) if grammar.schema is not None else None
         self.words = np.zeros((n_vocab + 31) // 32, np.int32)
         self._wptr = ffi.cast("uint32_t *", self.words.ctypes.data)
         self._scratch = None
@@ -368,7 +376,10 @@ class Constraint:
         over the allowed tokens, as if the others' logits were -inf."""
         t0 = time.perf_counter()
         try:
-            return self._choose(logits, sampler, recent, summary)
+            t = self._choose(logits, sampler, recent, summary)
+            if self.budget is not None:
+                self.budget.read([t])
+            return t
         finally:
             self.cost_s += time.perf_counter() - t0
 
@@ -498,6 +509,8 @@ class Constraint:
                 self._raise_if_error()
                 raise ConstraintError(f"{self.grammar.what}: the forced tokens {ff} were refused")
             self.forced_tokens += len(ff)
+            if self.budget is not None:
+                self.budget.read(ff)
         self.cost_s += time.perf_counter() - t0
         return ff
 
@@ -511,6 +524,8 @@ class Constraint:
             if not self.matcher.consume_tokens(ff):
                 self._raise_if_error()
             self.forced_tokens += len(ff)
+            if self.budget is not None:
+                self.budget.read(ff)
         return ff
 
     @property

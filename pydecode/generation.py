@@ -220,7 +220,10 @@ class TokenPolicy:
         out: list[Piece] = []
         c = self.constraint
         if c is not None:
-            self._force(c.initial(), self.pos0, out)
+            ff = c.initial()
+            if c.budget is not None:
+                self._check_budget(c, ff)
+            self._force(ff, self.pos0, out)
             if c.done and self.completion is None:
                 out += self.end("stop", f"constraint complete ({c.grammar.what})")
         return out
@@ -233,6 +236,12 @@ class TokenPolicy:
         to be decoded, from pos on)."""
         st = self.stats
         c = self.constraint
+        budget = c.budget if c is not None else None
+        if budget is not None:                    # JSON closes within max_tokens (budget.py)
+            room = self._room(pos)
+            if not budget.fits(room - 1):
+                return self._close(budget, room)
+            mark = budget.mark()
         token = (c.choose(logits, self.sampler, self.recent or (), summary) if c is not None else
                  self.sampler.sample(logits, self.recent or (), summary))
         if not self._sampled:
@@ -243,15 +252,51 @@ class TokenPolicy:
             return self.end("stop", f"{finish[1]} {self.tokenizer.decode([token])!r}")
         if c is not None and c.done:              # the constraint completes with this token
             finish = None
+        forced = None
+        if budget is not None and not c.done:     # the token and what it forces must leave room
+            forced = c.forced()                   # for the shortest completion after them
+            if not budget.fits(room - 1 - len(forced)):
+                budget.rollback(mark)
+                return self._close(budget, room)
         lp = top_logprobs(logits, self.sampler, token, self.logprobs) if self.logprobs is not None else None
         out: list[Piece] = []
         if self._emit(token, lp, out) or (finish and self._ended(finish, out)):
             return out
-        if c is not None and not c.done:
-            self._force(c.forced(), pos + 1, out)
+        if forced is None and c is not None and not c.done:
+            forced = c.forced()
+        if forced:
+            self._force(forced, pos + 1, out)
         if c is not None and c.done and self.completion is None:
             out += self.end("stop", f"constraint complete ({c.grammar.what})")
         return out
+
+    def _room(self, pos: int) -> int:
+        """Tokens this generation may still emit, the one chosen at pos included."""
+        return min(self.max_tokens - len(self.tokens), self.n_ctx - pos + 1)
+
+    def _check_budget(self, c, initial: list[int]) -> None:
+        """Before anything is generated: a schema whose shortest output does not fit in
+        max_tokens (and the context) is refused."""
+        room = self._room(self.pos0) - len(initial)
+        if not c.budget.fits(room):
+            text, toks = c.budget.closing()
+            shortest = self.tokenizer.decode(initial) + text
+            raise ValueError(f"max_tokens={self.max_tokens} is too small for {c.grammar.what}: its shortest "
+                             f"valid output, {shortest[:200]!r}, takes {len(initial) + len(toks)} tokens"
+                             + (f" (the context has room for {self._room(self.pos0)} after the prompt)"
+                                if self._room(self.pos0) < self.max_tokens else ""))
+
+    def _close(self, budget, room: int) -> list[Piece]:
+        """Ends the generation with the shortest completion of its JSON (forced, unsampled): it
+        parses and validates, and the finish_reason is "length"."""
+        out: list[Piece] = []
+        why = (f"max_tokens={self.max_tokens}" if room == self.max_tokens - len(self.tokens)
+               else f"context full ({self.n_ctx} positions)")
+        for t in budget.close(room):
+            if self._emit(t, None, out):
+                return out
+        return out + self.end("length", f"{why}: the JSON was closed with its shortest completion "
+                                        f"({budget.closed_tokens} tokens)")
 
     def _emit(self, token: int, lp, out: list[Piece]) -> bool:
         """Appends one chosen or forced token: its text through the stop strings into `out`.

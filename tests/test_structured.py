@@ -260,9 +260,14 @@ def test_the_engine_mixes_constrained_and_free_sequences(smol):
 
 
 def test_max_tokens_marks_the_output_incomplete(smol):
-    c = smol.chat(_ask(smol, SCHEMAS[6][0]), 4, json_schema=SCHEMAS[6][1])
+    c = smol.generate("Letters:", 3, regex="[a-z]( [a-z]){40}")   # a grammar that is not JSON
     assert c.finish_reason == "length" and c.complete is False
     assert "incomplete" in c.stop_detail
+    with pytest.raises(ValueError, match="too small for json_schema"):   # JSON: refused up front
+        smol.chat(_ask(smol, SCHEMAS[6][0]), 4, json_schema=SCHEMAS[6][1])
+    c = smol.chat(_ask(smol, SCHEMAS[6][0]), 24, json_schema=SCHEMAS[6][1])
+    assert c.finish_reason == "length" and c.complete is True     # ... or closed within the budget
+    assert "closed with its shortest completion" in c.stop_detail and json.loads(c.text) is not None
     assert smol.generate("Hi", 3).complete is None   # unconstrained: not a question
 
 
