@@ -36,9 +36,14 @@ class ClosingBudget:
     """The shortest-completion bookkeeping of one JSON-schema generation (see the module
     docstring). `read` every token the matcher consumed, in order."""
 
-    def __init__(self, constraint, tokenizer, schema):
+    def __init__(self, constraint, tokenizer, schema, frame=None):
         self.c, self.tokenizer = constraint, tokenizer
-        self.closer = JsonCloser(schema)
+        if frame is not None:   # tool calls: the JSON inside the syntax's fixed text (chat/tools.py)
+            from .chat.tools import FramedCloser
+            self.closer = FramedCloser(schema, frame)
+        else:
+            self.closer = JsonCloser(schema)
+        self._framed = frame is not None
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self._read = 0            # tokens read (and consumed by the matcher)
         self.closed_tokens = 0    # tokens forced by a closing
@@ -51,6 +56,8 @@ class ClosingBudget:
         for t in tokens:
             if types[t] not in (CONTROL, UNKNOWN):
                 self.closer.feed(self._dec.decode(self.tokenizer.token_bytes(t)))
+            elif self._framed:   # a control token may be a syntax's trigger ([TOOL_CALLS])
+                self.closer.feed(self.tokenizer.token_bytes(t).decode("utf-8", "replace"))
         self._read += len(tokens)
 
     def mark(self):

@@ -66,6 +66,7 @@ class Grammar:
         self.text, self.what = text, what
         self.checked = None
         self.schema = None   # the JSON Schema it was made from, if any
+        self.frame = None    # tool calls: the syntax around that JSON (chat/tools.py)
 
     def __repr__(self) -> str:
         return f"Grammar({self.what})"
@@ -334,7 +335,7 @@ class Constraint:
         self._raise_if_error()
         self.vocabulary = tokenizer._llg_vocab   # text -> token ids, as llguidance tokenizes
         # JSON from a schema closes within max_tokens: the shortest completion, kept up to date
-        self.budget = ClosingBudget(self, tokenizer, grammar.schema) if grammar.schema is not None else None
+        self.budget = ClosingBudget(self, tokenizer, grammar.schema, grammar.frame) if grammar.schema is not None else None
         self.words = np.zeros((n_vocab + 31) // 32, np.int32)
         self._wptr = ffi.cast("uint32_t *", self.words.ctypes.data)
         self._scratch = None

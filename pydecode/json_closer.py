@@ -203,6 +203,12 @@ class JsonCloser:
         self.stack: list[list] = [["top", [(b, None) for b in self.schemas.branches(self.schemas.root)], "val"]]
         self.broken = False   # text this model of the schema does not follow (closing() is None)
 
+    @property
+    def complete(self) -> bool:
+        """Whether a whole object or array was read (a number is known complete only by what
+        follows it)."""
+        return len(self.stack) == 1 and self.stack[0][2] == "after" and not self.broken
+
     def snapshot(self):
         return [f[:] for f in self.stack], self.broken
 

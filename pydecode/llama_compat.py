@@ -21,6 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from . import openai_format as oai
+from .chat import tools as tool_calls
 from .llm import LLM, load
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -283,47 +284,92 @@ class Llama:
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
                                logits_processor=None, grammar=None, logit_bias=None, logprobs: bool = False,
                                top_logprobs: int | None = None) -> dict | Iterator[dict]:
-        """An OpenAI chat completion of `messages`, rendered with the model's chat template."""
-        for name, v in (("tools", tools), ("functions", functions), ("tool_choice", tool_choice),
-                        ("function_call", function_call)):
-            if v:
-                raise NotImplementedError(f"create_chat_completion: {name} (function calling) is not supported by "
-                                          f"pydecode yet")
+        """An OpenAI chat completion of `messages`, rendered with the model's chat template. With
+        tools (or the legacy functions), calls are generated under each function's JSON Schema
+        (pydecode/chat/tools.py: they always parse) and returned as message.tool_calls."""
         _refuse_unless_default("create_chat_completion", dict(
             typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             logits_processor=logits_processor), _SAMPLING_OFF)
         if grammar is not None and response_format is not None:
             raise ValueError("create_chat_completion: give grammar or response_format, not both")
         llm = self._llm
-        ids = llm.chat_tokens(messages)
+        plan, legacy = _tool_plan(llm, tools, tool_choice, functions, function_call)
+        if plan is not None and (grammar is not None or response_format is not None):
+            raise ValueError("create_chat_completion: tools cannot be combined with grammar or response_format "
+                             "(the answer is held to the tool-call syntax; tool_choice='none' for structured text)")
+        ids = llm.chat_tokens(plan.messages(messages), tools=plan.tools) if plan else llm.chat_tokens(messages)
         kw = self._sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                             presence_penalty, seed)
         kw["logit_bias"] = logit_bias or None
         n_top = (top_logprobs or 0) if logprobs else None
         handle = llm.stream(ids, self._max_tokens(max_tokens, len(ids)), stop=_stops(stop), logprobs=n_top,
                             draft_tokens=self._draft_tokens, response_format=response_format,
-                            grammar=_gbnf(grammar), **kw)
+                            grammar=plan.grammar if plan else _gbnf(grammar), **kw)
         if stream:
-            return self._stream_chat(handle, oai.head("chat.completion.chunk", model or self.model_path), n_top)
+            return self._stream_chat(handle, oai.head("chat.completion.chunk", model or self.model_path), n_top,
+                                     plan, legacy)
         pieces, c = _drain(handle)
+        msg, finish = {"role": "assistant", "content": c.text}, oai.finish_reason(c.finish_reason)
+        if plan is not None:
+            answer, calls = plan.parse(c.text)
+            if calls:
+                msg.update(content=answer or None, tool_calls=calls)
+                finish = tool_calls.finish_reason(finish, c, len(calls))
+                if legacy:   # the functions API's shape: the (first) call as message.function_call
+                    msg["function_call"] = calls[0]["function"]
+                    finish = "function_call" if finish == "tool_calls" else finish
         return {**oai.head("chat.completion", model or self.model_path),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                "choices": [{"index": 0, "message": msg,
                              "logprobs": oai.chat_logprobs(llm.tokenizer, pieces, n_top) if n_top is not None else None,
-                             "finish_reason": oai.finish_reason(c.finish_reason)}],
+                             "finish_reason": finish}],
                 "usage": oai.usage(len(ids), len(c.tokens))}
 
-    def _stream_chat(self, handle, head, n_top) -> Iterator[dict]:
+    def _stream_chat(self, handle, head, n_top, plan=None, legacy=False) -> Iterator[dict]:
+        reader = plan.stream() if plan is not None else None
+
+        def chunk(delta, lp=None, finish=None):
+            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+
         try:
-            yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                        "finish_reason": None}]}
+            yield chunk({"role": "assistant"})
             for p in handle:
                 if not p.text:
                     continue
                 lp = oai.chat_logprobs(self._llm.tokenizer, [p], n_top) if n_top is not None else None
-                yield {**head, "choices": [{"index": 0, "delta": {"content": p.text}, "logprobs": lp,
-                                            "finish_reason": None}]}
+                if reader is None:
+                    yield chunk({"content": p.text}, lp)
+                    continue
+                ds = reader.feed(p.text)
+                for i, d in enumerate(ds):
+                    yield chunk(oai.tool_delta(d), lp if i == len(ds) - 1 else None)
             c = handle.completion
-            yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                        "finish_reason": oai.finish_reason(c.finish_reason)}]}
+            finish = oai.finish_reason(c.finish_reason)
+            if reader is not None:
+                for d in reader.finish():
+                    yield chunk(oai.tool_delta(d))
+                finish = tool_calls.finish_reason(finish, c, reader.calls)
+                finish = "function_call" if legacy and finish == "tool_calls" else finish
+            yield chunk({}, finish=finish)
         finally:
             handle.cancel()
+
+
+def _tool_plan(llm, tools, tool_choice, functions, function_call):
+    """(the ToolPlan of a chat request, whether it came as the legacy functions API): functions
+    are tools, function_call ("auto" | "none" | {"name"}) their tool_choice."""
+    legacy = bool(functions) and not tools
+    if functions and tools:
+        raise ValueError("create_chat_completion: give tools or functions (the legacy form), not both")
+    if legacy:
+        tools = [{"type": "function", "function": f} for f in functions]
+        if tool_choice is None and function_call is not None:
+            tool_choice = function_call if isinstance(function_call, str) else \
+                {"type": "function", "function": {"name": (function_call or {}).get("name")}}
+    elif function_call is not None:
+        raise ValueError("create_chat_completion: function_call goes with functions; with tools, use tool_choice")
+    for t in tools or []:
+        if not (isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str)):
+            raise ValueError(f"create_chat_completion: each tool must be {{'type': 'function', 'function': "
+                             f"{{'name': ..., 'parameters': {{...}}}}}}, got {t!r}")
+    return tool_calls.plan(llm.tokenizer, llm.template, tools, tool_choice), legacy

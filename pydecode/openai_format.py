@@ -65,3 +65,14 @@ def chat_logprobs(tokenizer, pieces, n: int) -> dict:
 def chat_delta(kind: str, text: str) -> dict:
     """A streamed chunk's delta for a part of kind "reasoning" or "content" (chat/reasoning.py)."""
     return {"reasoning_content" if kind == "reasoning" else "content": text}
+
+
+def tool_delta(d: tuple) -> dict:
+    """A streamed chunk's delta for one of chat/tools.py's ToolStream deltas: text, a call's
+    head (index, id, name: its arguments start empty), or a fragment of its arguments."""
+    if d[0] == "content":
+        return {"content": d[1]}
+    if d[0] == "call":
+        return {"tool_calls": [{"index": d[1], "id": d[2], "type": "function",
+                                "function": {"name": d[3], "arguments": ""}}]}
+    return {"tool_calls": [{"index": d[1], "function": {"arguments": d[2]}}]}

@@ -49,9 +49,7 @@ def test_completion_parameters_not_implemented_are_refused_by_name(llm, kw):
         llm("Hello", max_tokens=2, **kw)
 
 
-@pytest.mark.parametrize("kw", [dict(tools=[{"type": "function", "function": {"name": "f"}}]),
-                                dict(tool_choice="auto"), dict(function_call="auto"),
-                                dict(mirostat_mode=1), dict(typical_p=0.9)])
+@pytest.mark.parametrize("kw", [dict(mirostat_mode=1), dict(typical_p=0.9)])
 def test_chat_parameters_not_implemented_are_refused_by_name(llm, kw):
     name = next(iter(kw))
     with pytest.raises(NotImplementedError, match=name):

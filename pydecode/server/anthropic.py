@@ -15,7 +15,7 @@ from ..chat.reasoning import ReasoningSplitter, opens_reasoning, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _ended, _finished, begin, openai_generation, read_json, submit
-from .chat_tools import call_format, parse_tool_calls, template_tools
+from .chat_tools import template_tools
 from .params import APIError, bad
 from .streams import EventStream, text_chunks
 
@@ -107,12 +107,23 @@ def _chat_body(body: dict) -> dict:
     return out
 
 
-def _template_args(state, llm, body: dict, chat: dict) -> tuple[list[dict], dict]:
+def _tool_plan(llm, body: dict, g=None):
+    """Anthropic's tools and tool_choice ({"type": "auto" | "any" | "tool" | "none", "name",
+    "disable_parallel_tool_use"}) as a ToolPlan (chat_route.tool_plan)."""
+    from .chat_route import tool_plan
+    choice = body.get("tool_choice")
+    parallel = not (isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True)
+    return tool_plan(llm, {"tools": body.get("tools"), "tool_choice": choice, "parallel_tool_calls": parallel}, g)
+
+
+def _template_args(state, llm, body: dict, chat: dict, plan=None) -> tuple[list[dict], dict]:
     msgs = params.messages(chat)
     kwargs = {}
-    tools = template_tools(body)
-    if tools:
-        kwargs["tools"] = tools
+    if plan is None:
+        plan = _tool_plan(llm, body)
+    if plan is not None:
+        msgs = plan.messages(msgs)
+        kwargs["tools"] = plan.tools
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
         kwargs["enable_thinking"] = thinking["type"] == "enabled"
@@ -137,7 +148,8 @@ async def messages(request: Request) -> Response:
     state, llm, body = await begin(request)
     chat = _chat_body(body)
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
-    msgs, kwargs = _template_args(state, llm, body, chat)
+    plan = _tool_plan(llm, body, g)
+    msgs, kwargs = _template_args(state, llm, body, chat, plan)
     fmt = llm.reasoning_format if state.settings.reasoning_format != "none" else None
     try:
         ids = await run_in_threadpool(llm.chat_tokens, msgs, **kwargs)
@@ -145,9 +157,7 @@ async def messages(request: Request) -> Response:
     except (TemplateError, ValueError) as e:
         raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
     handles = await submit(state, llm, [ids], g, "messages")
-    tools = template_tools(body) or []
-    names = {t["function"]["name"] for t in tools}
-    calls_fmt = call_format(llm.template) if tools else None
+    tools = plan is not None
     msg_id, model = f"msg_{uuid.uuid4().hex}", body.get("model") or state.model_id
 
     def usage(c, out_tokens=None):
@@ -166,7 +176,7 @@ async def messages(request: Request) -> Response:
         await _finished(state, request, handles)
         c = handles[0].completion
         reasoning, answer = split_reasoning(c.text, fmt, opened)
-        answer, calls = parse_tool_calls(answer, calls_fmt, names) if tools else (answer, [])
+        answer, calls = plan.parse(answer) if tools else (answer, [])
         content = []
         if reasoning:
             content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
@@ -187,7 +197,8 @@ async def messages(request: Request) -> Response:
                                                   "content": [], "stop_reason": None, "stop_sequence": None,
                                                   "usage": {"input_tokens": len(ids), "output_tokens": 0}}})
         splitter = ReasoningSplitter(fmt, opened)
-        index, open_kind, held = -1, None, []   # held: answer text kept back while tools may be called
+        index, open_kind = -1, None
+        reader = plan.stream() if tools else None   # tool calls read as they stream
 
         def block(kind):
             nonlocal index, open_kind
@@ -198,18 +209,31 @@ async def messages(request: Request) -> Response:
                                                                                         "signature": ""}}))
                 out.append(event("content_block_stop", {"index": index}))
             index += 1
-            open_kind = kind
-            start = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+            start = ({"type": "text", "text": ""} if kind == "text" else
+                     {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else kind)
+            open_kind = kind if isinstance(kind, str) else "tool_use"
             out.append(event("content_block_start", {"index": index, "content_block": start}))
             return out
 
-        def parts(pairs):
+        def calls(deltas):
+            out = []
+            for d in deltas:
+                if d[0] == "content":
+                    out += parts([("content", d[1])], direct=True)
+                elif d[0] == "call":
+                    out += block({"type": "tool_use", "id": "toolu_" + d[2][5:], "name": d[3], "input": {}})
+                else:
+                    out.append(event("content_block_delta", {"index": index, "delta": {
+                        "type": "input_json_delta", "partial_json": d[2]}}))
+            return out
+
+        def parts(pairs, direct=False):
             out = []
             for kind, text in pairs:
                 if not text:
                     continue
-                if kind != "reasoning" and tools:
-                    held.append(text)
+                if kind != "reasoning" and tools and not direct:
+                    out += calls(reader.feed(text))
                     continue
                 k = "thinking" if kind == "reasoning" else "text"
                 if open_kind != k:
@@ -230,25 +254,14 @@ async def messages(request: Request) -> Response:
             for e in parts(splitter.feed("".join(p.text for p in c))):
                 yield e
         comp = handles[0].completion
-        answer, calls = parse_tool_calls("".join(held), calls_fmt, names) if tools else ("", [])
-        if answer:
-            for e in block("text"):
+        if tools:
+            for e in calls(reader.finish()):
                 yield e
-            yield event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": answer}})
-        for call in calls:
-            if open_kind is not None:
-                yield event("content_block_stop", {"index": index})
-            index += 1
-            open_kind = "tool_use"
-            yield event("content_block_start", {"index": index, "content_block": {
-                "type": "tool_use", "id": "toolu_" + call["id"][5:], "name": call["function"]["name"], "input": {}}})
-            yield event("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": call["function"]["arguments"]}})
         if open_kind is None:
             for e in block("text"):
                 yield e
         yield event("content_block_stop", {"index": index})
-        reason, seq = stop_of(comp, bool(calls)) if comp is not None else ("end_turn", None)
+        reason, seq = stop_of(comp, bool(reader and reader.calls)) if comp is not None else ("end_turn", None)
         yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
                                       "usage": {"output_tokens": len(comp.tokens) if comp else 0}})
         yield event("message_stop", {})

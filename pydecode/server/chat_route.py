@@ -17,18 +17,38 @@ from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoni
 from ..chat.templates import TemplateError
 from . import params
 from .app import _finished, _streamed, _usage, check_model, openai_generation, read_json, submit
-from .chat_tools import call_format, parse_tool_calls, template_tools
+from ..chat import tools as tool_calls
+from .chat_tools import template_tools
 from .native import Progress, timings
 from .params import APIError, bad
 from .state import ServerState
 from .streams import DONE, sse, text_chunks
 
 
-def template_args(state: ServerState, body: dict) -> tuple[list[dict], dict, str]:
+def tool_plan(llm, body: dict, g: params.Generation | None = None):
+    """The request's tools (chat/tools.py): None when it offers none or tool_choice is "none";
+    with g, the answer is generated under the plan's grammar (the calls always parse)."""
+    try:
+        plan = tool_calls.plan(llm.tokenizer, llm.template, template_tools(body), body.get("tool_choice"),
+                               body.get("parallel_tool_calls"))
+    except ValueError as e:
+        raise bad("tool_choice", str(e)) from None
+    if plan is not None and g is not None:
+        if g.structure:
+            raise bad("tools", f"cannot be combined with {', '.join(sorted(g.structure))}: the answer is held to "
+                      f"the tool-call syntax (set tool_choice to \"none\" for structured text)")
+        g.structure = {"grammar": plan.grammar}
+    return plan
+
+
+def template_args(state: ServerState, body: dict, plan=None) -> tuple[list[dict], dict, str]:
     """(messages, template variables, prefill): the template's inputs for a chat request (tools
-    unless tool_choice is "none"; --reasoning or chat_template_kwargs for thinking) and the text
-    of a final assistant message the answer continues ("" when there is none)."""
+    unless tool_choice is "none", taught by a system message where the template has no tool
+    syntax; --reasoning or chat_template_kwargs for thinking) and the text of a final assistant
+    message the answer continues ("" when there is none)."""
     msgs = params.messages(body)
+    if plan is not None:
+        msgs = plan.messages(msgs)
     kwargs = params.template_kwargs(body)
     tools = template_tools(body) if body.get("tool_choice") != "none" else None
     if tools:
@@ -79,7 +99,8 @@ async def chat_completions(request: Request) -> Response:
     body = await read_json(request, state.max_body)
     check_model(state, body)
     g = openai_generation(state, llm, body, chat=True, default_max_tokens=None)
-    msgs, kwargs, prefill = template_args(state, body)
+    plan = tool_plan(llm, body, g)
+    msgs, kwargs, prefill = template_args(state, body, plan)
     fmt = llm.reasoning_format if state.settings.reasoning_format != "none" else None
     try:
         ids, text = await run_in_threadpool(prompt_of, llm, msgs, kwargs, prefill)
@@ -93,9 +114,7 @@ async def chat_completions(request: Request) -> Response:
         extra["on_prefill"] = progress
     handles = await submit(state, llm, [ids], g, "messages", extra)
     model, tok = body.get("model") or state.model_id, llm.tokenizer
-    tools = kwargs.get("tools") or []
-    names = {t["function"]["name"] for t in tools}
-    calls_fmt = call_format(llm.template) if tools else None
+    tools = plan is not None
     verbose = body.get("verbose") is True or (state.settings.verbose and body.get("verbose") is not False)
     per_token = bool(body.get("timings_per_token"))
 
@@ -106,7 +125,7 @@ async def chat_completions(request: Request) -> Response:
         head = oai.head("chat.completion.chunk", model)
         # A reasoning model's text is split as it streams: deltas of reasoning_content, then content.
         splitters = [ReasoningSplitter(fmt, opened) for _ in handles]
-        held = [[] for _ in handles]   # with tools: the answer is held back until it is parsed
+        readers = [plan.stream() if tools else None for _ in handles]   # calls read as they stream
 
         def chunk(k, delta, lp=None, finish=None, extra=None):
             out = {**head, "system_fingerprint": state.fingerprint,
@@ -117,11 +136,14 @@ async def chat_completions(request: Request) -> Response:
             return sse({**out, **(extra or {})})
 
         def deltas(k, parts, lp=None):
-            if tools:
-                held[k] += [t for kind, t in parts if kind != "reasoning"]
-                parts = [(kind, t) for kind, t in parts if kind == "reasoning"]
-                if not parts and lp is None:
-                    return []
+            if tools:   # the answer's text goes through the call reader: content, calls, arguments
+                out = []
+                for kind, text in parts:
+                    out += ([chunk(k, oai.chat_delta(kind, text))] if kind == "reasoning" else
+                            [chunk(k, oai.tool_delta(d)) for d in readers[k].feed(text)])
+                if lp is not None:
+                    out.append(chunk(k, {"content": ""}, lp))
+                return out
             out = [chunk(k, oai.chat_delta(kind, text)) for kind, text in parts]
             if lp is not None:   # a token's logprobs go out even when it adds no text (a marker)
                 out = out[:-1] + [chunk(k, oai.chat_delta(*parts[-1]) if parts else {"content": ""}, lp)]
@@ -152,12 +174,9 @@ async def chat_completions(request: Request) -> Response:
                     for out in deltas(k, splitters[k].flush()):
                         yield out
                     if tools:
-                        answer, calls = parse_tool_calls("".join(held[k]), calls_fmt, names)
-                        if answer:
-                            yield chunk(k, {"content": answer})
-                        for i, call in enumerate(calls):
-                            yield chunk(k, {"tool_calls": [{"index": i, **call}]})
-                        c = "tool_calls" if calls else c
+                        for d in readers[k].finish():
+                            yield chunk(k, oai.tool_delta(d))
+                        c = tool_calls.finish_reason(c, handles[k].completion, readers[k].calls)
                     yield chunk(k, {}, finish=c)
                 else:
                     for out in deltas(k, splitters[k].feed("".join(p.text for p in c)), logprobs(c)):
@@ -179,13 +198,14 @@ async def chat_completions(request: Request) -> Response:
         msg = assistant_message(*split_reasoning(h.completion.text, fmt, opened))
         finish = oai.finish_reason(h.completion.finish_reason)
         if tools:
-            answer, calls = parse_tool_calls(msg.get("content") or "", calls_fmt, names)
+            answer, calls = plan.parse(msg.get("content") or "")
             if calls:
                 msg.update(content=answer or None, tool_calls=calls)
-                finish = "tool_calls"
+                finish = tool_calls.finish_reason(finish, h.completion, len(calls))
         choices.append({"index": k, "message": msg, "logprobs": logprobs(ps), "finish_reason": finish})
     out = {**oai.head("chat.completion", model), "system_fingerprint": state.fingerprint,
            "choices": choices, "usage": _usage(handles, g.n), "timings": timings(handles[0].completion)}
     if verbose:
         out["__verbose"] = {"prompt": text, "prompt_tokens": ids}
     return JSONResponse(out)
+

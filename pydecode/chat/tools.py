@@ -1,0 +1,464 @@
+"""Tool calls that always parse: the syntax a chat template teaches, as one grammar.
+
+A model offered tools answers either in text or with calls in its template's syntax. Left
+alone, a small model misspells a function name or leaves an argument string open at max_tokens;
+so the answer is generated under a grammar (constraint.py, llguidance) made from the offered
+tools: free text until the call syntax begins (tool_choice "auto"), or a call at once
+("required", a named function), and every call's JSON under its function's own schema:
+
+    hermes   (Qwen, Hermes, and every template with no syntax of its own: it is then taught by a
+              system message, `instructions`)
+             <tool_call>\\n{"name":"f","arguments":{...}}\\n</tool_call>   (repeated: parallel calls)
+    mistral  [TOOL_CALLS][{"name":"f","arguments":{...}}, ...]
+    llama3   {"name":"f","parameters":{...}}                            (the whole answer)
+
+`Syntax` holds each one's fixed text once; the grammar (`tool_grammar`), the closer that keeps
+a cut call parseable within max_tokens (`FramedCloser`, read by budget.py), the parser of a
+finished answer (`parse_tool_calls`) and the streaming one (`ToolStream`) all read it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..json_closer import JsonCloser
+
+
+@dataclass(frozen=True)
+class Syntax:
+    name: str
+    trigger: str      # the text that starts the calls ("": a call is the whole answer)
+    open: str         # after the trigger, before a call's JSON
+    close: str        # after a call's JSON
+    sep: str | None   # between two calls (None: one JSON value holds every call)
+    args_key: str     # "arguments" or "parameters"
+    array: bool       # the calls are one JSON array (mistral)
+    bare: bool = False  # with tool_choice auto, an answer that is one call's bare JSON is a call
+                        # too (how small Qwens often answer, leaving out the tags)
+
+
+SYNTAXES = {
+    "hermes": Syntax("hermes", "<tool_call>", "\n", "\n</tool_call>", "\n<tool_call>\n", "arguments", False,
+                     bare=True),
+    "mistral": Syntax("mistral", "[TOOL_CALLS]", "", "", None, "arguments", True),
+    "llama3": Syntax("llama3", "", "", "", None, "parameters", False),
+}
+
+
+def call_format(template: str | None) -> str | None:
+    """Which tool-call syntax a chat template teaches (None: none; hermes is then used, taught
+    by `instructions`)."""
+    template = template or ""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return None
+
+
+def instructions(tools: list[dict]) -> str:
+    """A system message teaching the hermes syntax, for templates that do not render tools."""
+    listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return ("You may call functions to answer. The functions, as JSON Schema:\n" + listed +
+            "\nTo call one, reply with\n<tool_call>\n{\"name\": <function name>, \"arguments\": "
+            "<arguments as a JSON object>}\n</tool_call>\nand nothing else.")
+
+
+def check_choice(tool_choice, names: list[str]) -> str | None:
+    """tool_choice as OpenAI (and Anthropic: {"type": "any" | "auto" | "tool", "name"}) spell
+    it: "auto" | "none" | "required" | the one function's name; ValueError naming the problem."""
+    if tool_choice is None or tool_choice == "auto":
+        return "auto"
+    if tool_choice in ("none", "required"):
+        return tool_choice
+    if isinstance(tool_choice, dict):
+        kind = tool_choice.get("type")
+        if kind in ("auto", "none"):
+            return kind
+        if kind == "any":
+            return "required"
+        # OpenAI's chat {"type": "function", "function": {"name"}}; its Responses API's and
+        # Anthropic's name the function at the top level
+        fn = tool_choice.get("function", tool_choice) if kind == "function" else tool_choice if kind == "tool" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str):
+            if name not in names:
+                raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools "
+                                 f"({', '.join(names)})")
+            return "fn:" + name
+    raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or {{\"type\": \"function\", "
+                     f"\"function\": {{\"name\": ...}}}}, got {tool_choice!r}")
+
+
+def _call_schema(tools: list[dict], syntax: Syntax, only: str | None) -> dict:
+    branches = []
+    for t in tools:
+        fn = t["function"]
+        if only is not None and fn["name"] != only:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        branches.append({"type": "object", "properties": {"name": {"const": fn["name"]}, syntax.args_key: params},
+                         "required": ["name", syntax.args_key], "additionalProperties": False})
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def _lit(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _special_id(tokenizer, text: str):
+    """The id of a control token spelled `text` (the grammar must name it as a token, not as
+    text), or None."""
+    from ..tokenizer.common import CONTROL
+    ids = tokenizer.encode(text, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 and tokenizer._types[ids[0]] == CONTROL else None
+
+
+def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "auto", parallel: bool = True):
+    """The Grammar of an answer to a request offering `tools` (choice from check_choice, not
+    "none"). Its `schema` and `frame` let budget.py close a call cut by max_tokens."""
+    from ..constraint import Grammar, _llguidance
+    syntax = SYNTAXES[fmt or "hermes"]
+    only = choice[3:] if choice.startswith("fn:") else None
+    one = _call_schema(tools, syntax, only)
+    if syntax.array:
+        schema = {"type": "array", "items": one, "minItems": 1, **({} if parallel and not only else {"maxItems": 1})}
+    else:
+        schema = one
+    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "lenient": True}}
+    body = f"body: %json {json.dumps(schema, ensure_ascii=False)}"
+    call = f'body {_lit(syntax.close)}' if syntax.close else "body"
+    calls = f"{_lit(syntax.open)} {call}" if syntax.open else call
+    if syntax.sep is not None and parallel and not only:
+        calls += f" ({_lit(syntax.sep)} {call})*"
+    free = choice == "auto"
+    if not syntax.trigger:                       # llama3: the JSON is the answer, or text is
+        rules = ["start: TEXT | calls" if free else "start: calls", 'TEXT: /(?s:[^{].*)?/']
+    else:
+        special = _special_id(tokenizer, syntax.trigger)
+        trig = f"<[{special}]>" if special is not None else _lit(syntax.trigger)
+        bare = " | body" if syntax.bare else ""  # (then text does not start with "{")
+        head = "[^{]" if syntax.bare else "."
+        if not free:
+            rules = [f"start: {trig} calls"]
+        elif special is not None:                # text cannot hold a control token: no lookahead
+            rules = [f"start: TEXT | TEXT? {trig} calls{bare}", f"TEXT: /(?s:{head}.*)/"]
+        else:                                    # the text ends lazily where the trigger begins
+            t = re.escape(syntax.trigger)
+            rules = [f"start: TEXT | pre calls{bare}", f"TEXT: /(?s:({head}.*)?)/ & ~/(?s:.*{t}.*)/",
+                     f"pre[lazy]: /(?s:({head}.*)?){t}/"]
+    lark = "\n".join(rules + [f"calls: {calls}", body]) + "\n"
+    g = Grammar(_llguidance().LLMatcher.grammar_from_lark(lark),
+                f"tool calls ({syntax.name}, tool_choice {choice.replace('fn:', 'function ')})")
+    g.schema = schema
+    g.frame = (syntax, free, parallel and not only)
+    return g
+
+
+class FramedCloser:
+    """JsonCloser's interface (feed, closing, snapshot, restore) for a tool-call answer: the text
+    around the calls (what the syntax fixes) is followed here, each call's JSON by a JsonCloser.
+    Phases: "text" (free text; the trigger starts the calls), "lit" (fixed text `rest` before
+    `then`: "json" or "after"), "json", "after" (a call complete: the answer may end, or, in
+    parallel, the separator begins another)."""
+
+    def __init__(self, schema, frame):
+        self.syntax, free, self.parallel = frame
+        self._proto = JsonCloser(schema)   # (a fresh call's closer is a copy: schemas resolved once)
+        self._short = self._proto.closing()
+        s = self.syntax
+        self.json = None
+        self.tail = ""
+        self.broken = self.bare = False
+        if not free:
+            self.phase, self.rest = "lit", s.trigger + s.open
+        elif not s.trigger or s.bare:
+            self.phase, self.rest = "first", ""
+        else:
+            self.phase, self.rest = "text", ""
+        if self.phase == "lit" and not self.rest:
+            self._begin()
+
+    def _fresh(self, snap=None) -> JsonCloser:
+        jc = JsonCloser.__new__(JsonCloser)
+        jc.schemas = self._proto.schemas
+        jc.restore(snap if snap is not None else self._proto.snapshot())
+        return jc
+
+    def _begin(self) -> None:
+        self.phase, self.rest, self.json = "json", "", self._fresh()
+
+    def snapshot(self):
+        return self.phase, self.rest, self.tail, self.broken, self.bare, self.json and self.json.snapshot()
+
+    def restore(self, snap) -> None:
+        self.phase, self.rest, self.tail, self.broken, self.bare, js = snap
+        self.json = None if js is None else self._fresh(js)
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            if not self.broken:
+                self._char(ch)
+
+    def _char(self, ch: str) -> None:
+        s = self.syntax
+        if self.phase == "first":           # "{": the answer is one call's bare JSON
+            if ch == "{":
+                self._begin()
+                self.bare = bool(s.trigger)
+                self.json.feed(ch)
+            elif s.trigger:
+                self.phase = "text"
+                self._char(ch)
+            else:
+                self.phase = "free"
+        elif self.phase == "text":
+            self.tail = (self.tail + ch)[-len(s.trigger):]
+            if self.tail == s.trigger:
+                self.phase, self.rest = "lit", s.open
+                if not self.rest:
+                    self._begin()
+        elif self.phase == "lit":
+            if ch != self.rest[0]:
+                self.broken = True
+                return
+            self.rest = self.rest[1:]
+            if not self.rest:
+                if self.json is not None and self.json.complete:
+                    self.phase = "after"
+                else:
+                    self._begin()
+        elif self.phase == "json":
+            self.json.feed(ch)
+            if self.json.complete:
+                self.phase, self.rest = ("lit", s.close) if s.close and not self.bare else ("after", "")
+        elif self.phase == "after":
+            if self.parallel and s.sep and not self.bare:
+                self.phase, self.rest, self.json = "lit", s.sep, None
+                self._char(ch)
+            else:
+                self.broken = True
+
+    def closing(self) -> str | None:
+        if self.broken:
+            return None
+        if self.phase in ("text", "first", "free", "after"):
+            return ""
+        if self.phase == "json":
+            tail = self.json.closing()
+            return None if tail is None else tail + ("" if self.bare else self.syntax.close)
+        if self.json is not None and self.json.complete:   # the close after a call
+            return self.rest
+        return None if self._short is None else self.rest + self._short + self.syntax.close
+
+
+class ToolPlan:
+    """How one request's tools are offered and its calls read: the template's syntax (`fmt`,
+    None: hermes taught by a system message), the checked tool_choice, and the Grammar the
+    answer is generated under. `plan` makes one; None when no tools are offered."""
+
+    def __init__(self, tokenizer, template, tools: list[dict], choice: str, parallel: bool):
+        self.tools, self.choice = tools, choice
+        self.names = {t["function"]["name"] for t in tools}
+        self.fmt = call_format(template)
+        self.grammar = tool_grammar(tokenizer, tools, self.fmt, choice, parallel)
+
+    def messages(self, msgs: list[dict]) -> list[dict]:
+        """The conversation as the template gets it: with `instructions` in the system message
+        where the template has no tool syntax of its own."""
+        if self.fmt is not None:
+            return msgs
+        teach = instructions(self.tools)
+        if msgs and msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
+            return [{**msgs[0], "content": msgs[0]["content"] + "\n\n" + teach}] + msgs[1:]
+        return [{"role": "system", "content": teach}] + msgs
+
+    def parse(self, text: str) -> tuple[str, list[dict]]:
+        return parse_tool_calls(text, self.fmt, self.names)
+
+    def stream(self) -> "ToolStream":
+        return ToolStream(self.fmt)
+
+
+def plan(tokenizer, template, tools, tool_choice, parallel=True) -> ToolPlan | None:
+    """The ToolPlan of a request (tools as the template takes them: OpenAI's function tools),
+    or None: no tools, or tool_choice "none" (the tools are then not shown). ValueError for a
+    tool_choice that cannot be met."""
+    names = [t["function"]["name"] for t in tools or []]
+    if not names:
+        if tool_choice not in (None, "auto", "none") and not (isinstance(tool_choice, dict) and
+                                                              tool_choice.get("type") in ("auto", "none")):
+            raise ValueError(f"tool_choice {tool_choice!r} needs tools, and none were given")
+        return None
+    choice = check_choice(tool_choice, names)
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ValueError(f"parallel_tool_calls must be true or false, got {parallel!r}")
+    return None if choice == "none" else ToolPlan(tokenizer, template, tools, choice, parallel is not False)
+
+
+def finish_reason(finish: str, completion, calls: int) -> str:
+    """OpenAI's finish_reason of an answer with `calls` calls: "tool_calls", except where
+    max_tokens cut it and the budget closed the last call (budget.py): then `finish` ("length"),
+    as for any cut JSON."""
+    if not calls or (completion is not None and "closed with its shortest" in (completion.stop_detail or "")):
+        return finish
+    return "tool_calls"
+
+
+# ---------------------------------------------------------------- reading calls back
+
+def _call(obj, names) -> dict | None:
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(name, str) or name not in names:
+        return None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return {"id": new_id(), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def parse_tool_calls(text: str, fmt: str | None, names) -> tuple[str, list[dict]]:
+    """(the text outside the calls, the calls) of a finished answer, in OpenAI's tool_calls
+    shape. Only calls of the offered tools (names) count; anything else stays text."""
+    calls: list[dict] = []
+    if fmt in (None, "hermes") or "<tool_call>" in text:
+        rest = text
+        for m in _HERMES.finditer(text):
+            try:
+                c = _call(json.loads(m.group(1)), names)
+            except ValueError:
+                c = None
+            if c is not None:
+                calls.append(c)
+                rest = rest.replace(m.group(0), "", 1)
+        if calls:
+            return rest.strip(), calls
+    body = text.strip()
+    head, _, after = body.partition("[TOOL_CALLS]")
+    if fmt == "mistral" and after:
+        body = after.strip()
+    else:
+        head = ""
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):].strip()
+    if body[:1] in ("[", "{"):
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return text, []
+        for o in obj if isinstance(obj, list) else [obj]:
+            c = _call(o, names)
+            if c is not None:
+                calls.append(c)
+        if calls:
+            return head.strip(), calls
+    return text, []
+
+
+_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","(?:arguments|parameters)":')
+
+
+class ToolStream:
+    """The streaming side of parse_tool_calls, for answers made under tool_grammar (compact JSON,
+    name first): `feed(text)` returns deltas, in order:
+
+        ("content", text)                 text before the calls (a possible start of the
+                                          trigger is held back until it is decided)
+        ("call", index, id, name)         a call begins: its name is known
+        ("args", index, fragment)         its arguments' JSON, piece by piece
+    """
+
+    def __init__(self, fmt: str | None):
+        self.syntax = SYNTAXES[fmt or "hermes"]
+        self.mode = "first" if not self.syntax.trigger or self.syntax.bare else "text"
+        self.buf = ""          # text held back (a possible trigger) / a call's head so far
+        self.index = -1
+        self.depth, self.instr, self.esc = 0, False, False
+
+    @property
+    def calls(self) -> int:
+        return self.index + 1
+
+    def feed(self, text: str) -> list[tuple]:
+        out: list[tuple] = []
+        for ch in text:
+            self._char(ch, out)
+        merged: list[tuple] = []
+        for d in out:                      # one delta per kind and call, not one per character
+            if merged and d[0] in ("content", "args") and merged[-1][0] == d[0] and merged[-1][1:-1] == d[1:-1]:
+                merged[-1] = merged[-1][:-1] + (merged[-1][-1] + d[-1],)
+            else:
+                merged.append(d)
+        return merged
+
+    def finish(self) -> list[tuple]:
+        """The text still held back when the answer ends (a trigger's start that stayed text)."""
+        out, self.buf = ([("content", self.buf)] if self.mode == "text" and self.buf else []), ""
+        return out
+
+    def _char(self, ch: str, out: list) -> None:
+        trig = self.syntax.trigger
+        if self.mode == "first":            # "{" first: a bare call (see Syntax.bare)
+            self.mode = "seek" if ch == "{" else "text" if trig else "free"
+            if self.mode == "free":
+                out.append(("content", ch))
+                return
+        if self.mode == "free":
+            out.append(("content", ch))
+        elif self.mode == "text":
+            self.buf += ch
+            if self.buf.endswith(trig):
+                if self.buf[:-len(trig)]:
+                    out.append(("content", self.buf[:-len(trig)]))
+                self.buf, self.mode = "", "seek"
+                return
+            keep = next((k for k in range(min(len(trig) - 1, len(self.buf)), 0, -1)
+                         if trig.startswith(self.buf[-k:])), 0)
+            if len(self.buf) > keep:
+                out.append(("content", self.buf[:len(self.buf) - keep]))
+                self.buf = self.buf[len(self.buf) - keep:]
+        if self.mode == "seek":
+            if ch == "{":
+                self.mode, self.buf = "head", "{"
+        elif self.mode == "head":
+            self.buf += ch
+            m = _HEAD.fullmatch(self.buf)
+            if m:
+                self.index += 1
+                out.append(("call", self.index, new_id(), json.loads(f'"{m.group(1)}"')))
+                self.mode, self.depth, self.instr, self.esc = "args", 0, False, False
+        elif self.mode == "args":
+            if not self.instr and self.depth == 0 and ch in "}]":   # the call's own end
+                self.mode = "seek"
+                return
+            out.append(("args", self.index, ch))
+            if self.instr:
+                if self.esc:
+                    self.esc = False
+                elif ch == "\\":
+                    self.esc = True
+                elif ch == '"':
+                    self.instr = False
+            elif ch == '"':
+                self.instr = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
