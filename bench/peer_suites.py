@@ -5,7 +5,7 @@
     python bench/peer_suites.py server --sdist DIR [--llama-server build/bin/llama-server] [--model smollm2-135m]
 
     # llama-cpp-python's high-level tests (tests/ of the sdist) with `llama_cpp.Llama` = pydecode.Llama:
-    python bench/peer_suites.py python --sdist DIR
+    python bench/peer_suites.py python --sdist DIR [--llama-cpp-python /path/to/venv/bin/python]
 
 DIR is the unpacked sdist: `pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`
 and `tar xzf` it. The suites' own requirements go into a venv made here (--venv, default
@@ -100,18 +100,77 @@ def server_suite(args) -> dict[str, dict]:
     return results
 
 
+# llama-cpp-python's test files, and the models its fixtures download (hf_hub_download(repo,
+# file)) -> the local registry model each is replaced with (None: nothing pydecode can load;
+# the fixture then fails, and so does the test, counted as such).
+PYTHON_FILES = ["test_llama.py", "test_llama_grammar.py", "test_llama_chat_format.py", "test_llama_speculative.py"]
+# Qwen3.5-0.8B (qwen35, a hybrid: issue 36) -> Gemma 3 270M: of the registry models it is the one that
+# answers test_real_llama's questions ("true" at temperature 0.8, seed 1337); Qwen2.5-Coder-0.5B draws
+# "false" there (greedy it says "true"), SmolLM2 does not finish the fox sentence.
+PYTHON_MODELS = {"Qwen3.5-0.8B-Q8_0.gguf": "gemma3-270m",
+                 "tinyllamas/stories15M-q4_0.gguf": "smollm2-135m",
+                 "bge-small-en-v1.5-q4_k_m.gguf": "smollm2-135m",      # (BERT: no encoder architecture)
+                 "mamba-130m-hf.Q2_K.gguf": None, "Falcon-H1-Tiny-90M-Instruct-Q2_K.gguf": None}
+
+_PYTHON_PLUGIN = """
+import json, os
+import huggingface_hub
+
+_MAP = json.loads(os.environ["PEER_MODELS"])
+
+
+def hf_hub_download(repo_id, filename, *args, **kwargs):
+    path = _MAP.get(filename)
+    if path is None:
+        raise FileNotFoundError(f"{repo_id}/{filename}: no local stand-in (pydecode does not load this "
+                                f"architecture; the suite runs offline)")
+    return path
+
+
+huggingface_hub.hf_hub_download = hf_hub_download
+"""
+
+
 def python_suite(args) -> dict[str, dict]:
-    tests = os.path.join(args.sdist, "tests")
-    py = ensure_venv(args.venv, ["pytest", "numpy", "jinja2", "huggingface_hub", "scipy"])
-    model = model_path(args.model)
+    """llama-cpp-python's tests with `import llama_cpp` = pydecode.compat (install()), their
+    downloads replaced by local registry models (PYTHON_MODELS), run from the sdist's root (where
+    test_llama.py finds vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf). In this interpreter:
+    pytest, scipy and huggingface_hub are installed into it when missing."""
+    missing = [m for m in ("pytest", "scipy", "huggingface_hub") if subprocess.run(
+        [sys.executable, "-c", f"import {m}"], capture_output=True).returncode]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
     tmp = tempfile.mkdtemp(prefix="peer-suites-")
-    # The shim: a `llama_cpp` package whose Llama is pydecode's, found before the real one.
     os.makedirs(os.path.join(tmp, "llama_cpp"))
     with open(os.path.join(tmp, "llama_cpp", "__init__.py"), "w") as f:
-        f.write("from pydecode.compat.llama_cpp import *  # noqa\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, ROOT]), "PEER_MODEL": model}
-    res = run_pytest(py, tests, ["test_llama.py"], env, os.path.join(tmp, "python.xml"), args.timeout)
-    return {"pydecode": res}
+        f.write("import pydecode.compat\npydecode.compat.install()\n")
+    with open(os.path.join(tmp, "peer_hf_shim.py"), "w") as f:
+        f.write(_PYTHON_PLUGIN)
+    # Run from a directory with the sdist's tests/ and vendor/ (not its llama_cpp/ package, which
+    # would shadow the shim's).
+    run_dir = os.path.join(tmp, "run")
+    os.makedirs(run_dir)
+    for sub in ("tests", "vendor"):
+        os.symlink(os.path.join(os.path.abspath(args.sdist), sub), os.path.join(run_dir, sub))
+    models = {k: (model_path(v) if v else None) for k, v in PYTHON_MODELS.items()}
+    runs = {"pydecode": (sys.executable, os.pathsep.join([tmp, ROOT]))}
+    if args.llama_cpp_python:   # the real package, in its own interpreter: only the download shim
+        runs["llama-cpp-python"] = (args.llama_cpp_python, os.path.join(tmp, "plugin-only"))
+        os.makedirs(runs["llama-cpp-python"][1])
+        with open(os.path.join(runs["llama-cpp-python"][1], "peer_hf_shim.py"), "w") as f:
+            f.write(_PYTHON_PLUGIN)
+    results = {}
+    for target, (py, path) in runs.items():
+        env = {**os.environ, "PYTHONPATH": path, "PEER_MODELS": json.dumps(models)}
+        res = {}
+        for name in args.files or PYTHON_FILES:
+            print(f"{target}: tests/{name}", file=sys.stderr, flush=True)
+            res.update({f"{name[:-3]}::{k.split('::', 1)[1]}": v for k, v in
+                        run_pytest(py, run_dir, [os.path.join("tests", name)], env,
+                                   os.path.join(tmp, f"{target}-{name}.xml"), args.timeout,
+                                   extra=("-p", "peer_hf_shim")).items()})
+        results[target] = res
+    return results
 
 
 def report(results: dict[str, dict]) -> None:
@@ -152,6 +211,8 @@ def main() -> None:
     ap.add_argument("--sdist", required=True, help="the unpacked llama-cpp-python 0.3.36 sdist")
     ap.add_argument("--model", default="smollm2-135m", help="registry name or .gguf path (default smollm2-135m)")
     ap.add_argument("--llama-server", default=None, help="a built llama-server, to run the suite on it too")
+    ap.add_argument("--llama-cpp-python", default=None, help="a python with the real llama-cpp-python 0.3.36 "
+                    "installed (and pytest, scipy, huggingface_hub), to run its tests on it too")
     ap.add_argument("--venv", default="/tmp/peer-suites-venv", help="where the suites' requirements go")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per test file")

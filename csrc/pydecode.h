@@ -168,6 +168,10 @@ int pd_model_summary_sample(pd_model *m, int top_k, double top_p, double min_p, 
  * layer as one block (mat x mat, causal attention), appends their K/V, writes the last
  * position's logits into logits (n_vocab floats), or every position's (n*n_vocab) if all_logits. */
 int pd_prefill(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits);
+/* prefill_hidden: prefill's block (its K/V appended the same way), but instead of logits every
+ * token's final hidden state after the output norm (what the output head reads), n * n_embd
+ * floats into out, token-major; the head is skipped. For embeddings (pydecode/embeddings.py). */
+int pd_prefill_hidden(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *out);
 /* decode_step: one token at position pos of slot seq (the slot holds 0..pos-1); n_vocab logits. */
 int pd_decode_step(pd_model *m, int seq, int32_t token, int pos, float *logits);
 /* batch_step: n <= n_batch tokens of several sequences in one pass (every weight read once for

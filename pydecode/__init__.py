@@ -17,7 +17,7 @@ from .errors import (ContextFullError, ModelClosedError, ModelError, ModelFileCh
                      PydecodeError, QueueFullError)
 from .generation import Completion, Piece, Stats  # noqa: E402
 from .llm import LLM, load  # noqa: E402
-from .llama_compat import Llama, LlamaGrammar, LlamaPromptLookupDecoding  # noqa: E402
+from .compat import Llama, LlamaGrammar, LlamaPromptLookupDecoding  # noqa: E402
 from .model import Model  # noqa: E402
 from .kvstate import StateFileError  # noqa: E402
 

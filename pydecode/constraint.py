@@ -373,8 +373,8 @@ class Constraint:
 
     def choose(self, logits: np.ndarray, sampler, recent=(), summary=None) -> int:
         """The next token under the constraint, consumed by the matcher. Penalties, temperature,
-        top-k / top-p / min-p apply to the allowed tokens only: the draw is exactly the chain's
-        over the allowed tokens, as if the others' logits were -inf."""
+        top-k / tail-free / typical / top-p / min-p and Mirostat apply to the allowed tokens only:
+        the draw is exactly the chain's over the allowed tokens, as if the others' logits were -inf."""
         t0 = time.perf_counter()
         try:
             t = self._choose(logits, sampler, recent, summary)
@@ -396,6 +396,11 @@ class Constraint:
         # decide the choice.
         t0 = time.perf_counter()
         x = sampler.penalize(logits, recent)   # penalties and logit bias (a copy), if any
+        if sampler.extra is not None:
+            # Tail-free, typical and Mirostat read the whole allowed distribution (its entropy,
+            # its shape, mu's cut): no unmasked draw can stand for theirs, so the mask comes first.
+            self.cost_s -= time.perf_counter() - t0
+            return self._under_mask(sampler, x, None, None)
         summary = summary if x is logits else None
         t, sure = sampler.propose(x, summary)
         self.cost_s -= time.perf_counter() - t0   # (the draw any generation makes)

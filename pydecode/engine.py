@@ -37,11 +37,11 @@ from .generation import TokenPolicy, prompt_ids
 from .model import Model, _is_int
 from .request import Handle, _Seq, _wake
 from .sampling import SamplingParams
-from .slots import SlotBusy
+from .engine_state import SlotStates
 from . import constraint, speculative
 
 
-class Engine:
+class Engine(SlotStates):
     """Continuous batching over a Model's n_seq KV slots (see the module docstring).
 
     max_seqs: sequences decoded together (default: the model's n_seq, at most its n_batch);
@@ -99,10 +99,13 @@ class Engine:
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
                ignore_eos: bool = False, json_schema=None, regex: str | None = None, grammar: str | None = None,
                choices: list[str] | None = None, response_format: dict | None = None, slot: int | None = None,
-               **sampling) -> Handle:
+               logits_processor=None, stopping_criteria=None, **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
-        LLM.generate (temperature, top_k, top_p, min_p, penalties, repeat_last_n, seed); every
-        parameter is checked here, so a bad one raises now, never inside a step. on_prefill:
+        LLM.generate (temperature, top_k, top_p, min_p, typical_p, tfs_z, mirostat_mode /
+        mirostat_tau / mirostat_eta, penalties, repeat_last_n, seed, logit_bias), and its
+        logits_processor and stopping_criteria (generation.Hooks: the model's step then makes no
+        summary for it). Every parameter is checked here, so a bad one raises now, never inside
+        a step. on_prefill:
         called as on_prefill(done, total) after each chunk of the prompt (in the stepping thread;
         its errors are ignored), e.g. for a progress bar. draft_tokens: the most tokens a
         drafter (the engine's `draft`) may propose per pass, 0..speculative.MAX_DRAFT (0: decode
@@ -127,7 +130,8 @@ class Engine:
         params = SamplingParams(**sampling)
         g = constraint.grammar_of(json_schema, regex, grammar, choices, response_format)
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, params, stop=stop,
-                             logprobs=logprobs, ignore_eos=ignore_eos,
+                             logprobs=logprobs, ignore_eos=ignore_eos, logits_processor=logits_processor,
+                             stopping_criteria=stopping_criteria,
                              constraint=None if g is None else constraint.Constraint(
                                  m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g)))
         s = _Seq(ids, policy)
@@ -507,75 +511,6 @@ class Engine:
             if self._follows_model:
                 self.max_seqs = min(self.model.n_seq, self.model.n_batch)
             return self.max_seqs
-
-    # ---- a slot's KV state (pydecode/kvstate.py): save / restore, hand-off ----
-
-    def _state_slot(self, slot) -> int | None:
-        """slot: an int, None (the slot released last), or a finished Handle: the slot it ran in,
-        while that still holds its tokens (another request may have taken it since)."""
-        if isinstance(slot, Handle):
-            s = slot._s
-            if not slot.done or s.slot is None or self.model.slots.held(s.slot) != s.kv or not s.kv:
-                raise RuntimeError("that request's slot no longer holds its tokens (unfinished, failed, or reused "
-                                   "by another request)")
-            return s.slot
-        return slot
-
-    def _take_slot(self, slot, lessee, *, latest: bool, timeout: float | None = None) -> int:
-        """SlotLedger.take, waiting while the slot (or every slot) is leased, as a generation
-        waits its turn: freed slots go to waiting restores before queued generations, and
-        while no driver thread runs the caller steps the batch itself (so a state call on the
-        slot of a request nobody consumes yet still ends). TimeoutError after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        # A restore into any free slot holds back queued generations while it waits (else they
-        # could take every slot that frees); a save waits for a generation to end, so holding
-        # them back would wait forever.
-        reserve = int(slot is None and not latest)
-        with self._cond:
-            self._state_waiting += reserve
-        try:
-            while True:
-                with self._cond:
-                    if self._closed:
-                        raise ModelClosedError("the engine is closed")
-                    try:
-                        return self.model.slots.take(slot, lessee, latest=latest)
-                    except RuntimeError as busy:   # SlotBusy, or no slot holds tokens yet while some will
-                        if not (isinstance(busy, SlotBusy) or self._active or self._queue):
-                            raise
-                        left = None if deadline is None else deadline - time.monotonic()
-                        if left is not None and left <= 0:
-                            raise TimeoutError(f"{busy} (waited {timeout} s for it)") from None
-                    if self._driving or self._stepper is not None or not (self._active or self._queue):
-                        # (nothing here to step: leased by another Engine, a direct call or another state call)
-                        self._cond.wait(0.02 if left is None else min(left, 0.02))
-                        continue
-                self._step_once()
-        finally:
-            with self._cond:
-                self._state_waiting -= reserve
-
-    def _taker(self, timeout):
-        return lambda slot, lessee, latest: self._take_slot(slot, lessee, latest=latest, timeout=timeout)
-
-    def save_state(self, path, slot=None, timeout: float | None = None) -> int:
-        """Writes a slot's tokens and K/V to a state file (kvstate.save_slot); returns the tokens.
-        Waits for the slot while a generation leases it (TimeoutError after `timeout` s)."""
-        from . import kvstate
-        return kvstate.save_slot(self.model, path, self._state_slot(slot), self._taker(timeout))[1]
-
-    def load_state(self, path, slot: int | None = None, timeout: float | None = None) -> list[int]:
-        """Restores a state file into a free slot; a prompt that starts with its tokens reuses them."""
-        from . import kvstate
-        return kvstate.load_slot(self.model, path, slot, self._taker(timeout))[1]
-
-    def export_state(self, slot=None, timeout: float | None = None) -> bytes:
-        from . import kvstate
-        return kvstate.export_slot(self.model, self._state_slot(slot), self._taker(timeout))[1]
-
-    def import_state(self, data, slot: int | None = None, timeout: float | None = None) -> list[int]:
-        from . import kvstate
-        return kvstate.import_slot(self.model, data, slot, "state", self._taker(timeout))[1]
 
     @property
     def closed(self) -> bool:

@@ -1,4 +1,5 @@
-"""One generation's per-token policy: logits -> sample -> should_stop -> stop strings -> text.
+"""One generation's per-token policy: logits -> sample -> should_stop -> stop strings -> text
+(with the user's logits processors before the sample and stopping criteria after it: Hooks).
 
 Follow one token: the Engine (pydecode/engine.py) runs the prompt through the model (prefill,
 in chunks) and gets the last position's logits; TokenPolicy.step samples a token (`sample`,
@@ -174,6 +175,72 @@ def prompt_ids(tokenizer, prompt, n_vocab: int) -> list[int]:
     return token_ids(prompt, n_vocab, "prompt").tolist()
 
 
+def _callables(v, name: str) -> list:
+    """A callable or a list / tuple of them (llama-cpp-python's LogitsProcessorList and
+    StoppingCriteriaList are lists) -> a list; anything else a TypeError naming the parameter."""
+    if v is None:
+        return []
+    fs = list(v) if isinstance(v, (list, tuple)) else [v]
+    for f in fs:
+        if not callable(f):
+            raise TypeError(f"{name} must be a callable f(input_ids, logits) or a list of them, got {f!r}")
+    return fs
+
+
+class Hooks:
+    """A generation's logits processors and stopping criteria (llama-cpp-python's semantics):
+    each processor f(input_ids, scores) -> scores runs, in order, on a copy of each step's raw
+    logits before the penalties, the logit bias, the chain and the grammar's mask; each
+    criterion f(input_ids, logits) -> bool runs once the next token is chosen, with the raw
+    logits, and any True ends the generation before that token. input_ids (np.intc, read-only)
+    are the ids evaluated so far: the prompt and the tokens generated (forced ones included)."""
+
+    def __init__(self, processors, criteria, prompt: list[int], n_vocab: int):
+        self.processors = _callables(processors, "logits_processor")
+        self.criteria = _callables(criteria, "stopping_criteria")
+        self.n_vocab = n_vocab
+        self._ids = np.empty(max(64, 2 * len(prompt)), np.intc)
+        self._ids[:len(prompt)] = prompt
+        self._n = len(prompt)
+
+    def append(self, token: int) -> None:
+        if self._n == len(self._ids):
+            self._ids = np.concatenate([self._ids, np.empty(len(self._ids), np.intc)])
+        self._ids[self._n] = token
+        self._n += 1
+
+    def input_ids(self) -> np.ndarray:
+        v = self._ids[:self._n]
+        v.flags.writeable = False
+        return v
+
+    def process(self, logits: np.ndarray) -> np.ndarray:
+        """The processors' logits: float32, one per token. An answer that is not a float array of
+        one score per token is a TypeError naming logits_processor, NaN or +inf (or nothing above
+        -inf) a ValueError."""
+        ids, x = self.input_ids(), np.array(logits, dtype=np.float32)
+        for f in self.processors:
+            y = f(ids, x)
+            if not isinstance(y, np.ndarray) or y.dtype.kind != "f":
+                raise TypeError(f"logits_processor {f!r} must return a numpy float array (the scores), got "
+                                + (f"an array of dtype {y.dtype}" if isinstance(y, np.ndarray) else type(y).__name__))
+            if y.shape != (self.n_vocab,):   # (a TypeError too, as llama-cpp-python's wrapper raises)
+                raise TypeError(f"logits_processor {f!r} returned an array of shape {y.shape}; the scores have "
+                                f"shape ({self.n_vocab},)")
+            x = np.ascontiguousarray(y, dtype=np.float32)
+        top = float(x.max())
+        if not top < np.inf:   # NaN or +inf anywhere (max propagates NaN), which no draw can read
+            raise ValueError("logits_processor returned NaN or +inf scores")
+        if top == -np.inf:
+            raise ValueError("logits_processor set every token's score to -inf: nothing is left to choose")
+        return x
+
+    def stops(self, logits: np.ndarray) -> bool:
+        ids, raw = self.input_ids(), logits.view()
+        raw.flags.writeable = False
+        return any(bool(f(ids, raw)) for f in self.criteria)
+
+
 class TokenPolicy:
     """The per-token policy of one generation: sample -> should_stop -> stop strings -> detokenize
     -> Pieces, and the Completion at the end. Generation (one sequence) and the Engine (many, batched)
@@ -182,7 +249,7 @@ class TokenPolicy:
 
     def __init__(self, tokenizer, n_vocab: int, n_ctx: int, prompt: list[int], max_tokens: int,
                  params: SamplingParams, stop=None, logprobs: int | None = None, ignore_eos: bool = False,
-                 constraint=None):
+                 constraint=None, logits_processor=None, stopping_criteria=None):
         if not prompt:
             raise ValueError("the prompt is empty (no tokens)")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -197,7 +264,10 @@ class TokenPolicy:
             raise ValueError("ignore_eos cannot be combined with structured output (the grammar decides where it ends)")
         self.tokenizer, self.n_ctx, self.max_tokens, self.logprobs = tokenizer, n_ctx, max_tokens, logprobs
         self.stops = StopStrings(stop)
-        self.sampler = Sampler(params, n_vocab)
+        hooks = Hooks(logits_processor, stopping_criteria, prompt, n_vocab) \
+            if logits_processor is not None or stopping_criteria is not None else None
+        self.hooks = hooks if hooks is not None and (hooks.processors or hooks.criteria) else None
+        self.sampler = Sampler(params, n_vocab, processed=bool(self.hooks and self.hooks.processors))
         self.detok = tokenizer.decoder(skip_special=True)
         self.eog = frozenset() if ignore_eos else tokenizer.eog_ids
         self.recent = list(prompt[-params.repeat_last_n:]) if params.penalized else None
@@ -213,6 +283,7 @@ class TokenPolicy:
         # and forces the tokens the grammar leaves no choice about.
         self.constraint = constraint
         self._cut = False                  # a forced run was cut short (max_tokens, the context, a stop)
+        self._accepting = None             # stopping_criteria ended it: whether the text was complete
 
     def start(self) -> list[Piece]:
         """The pieces of the tokens a constraint forces before anything is sampled (they are
@@ -242,11 +313,18 @@ class TokenPolicy:
             if not budget.fits(room - 1):
                 return self._close(budget, room)
             mark = budget.mark()
+        hooks, raw = self.hooks, logits
+        if hooks is not None and hooks.processors:
+            logits, summary = hooks.process(logits), None
+        accepting = c.accepting if hooks is not None and hooks.criteria and c is not None else None
         token = (c.choose(logits, self.sampler, self.recent or (), summary) if c is not None else
                  self.sampler.sample(logits, self.recent or (), summary))
         if not self._sampled:
             self._sampled = True
             st.ttft_s = time.perf_counter() - self.t0
+        if hooks is not None and hooks.criteria and hooks.stops(raw):   # before the token, unemitted
+            self._accepting = accepting
+            return self.end("stop", "stopping_criteria")
         finish = should_stop(token, len(self.tokens) + 1, self.max_tokens, pos, self.n_ctx, self.eog)
         if finish and finish[0] == "stop":        # end-of-generation token: not emitted
             return self.end("stop", f"{finish[1]} {self.tokenizer.decode([token])!r}")
@@ -258,7 +336,7 @@ class TokenPolicy:
             if not budget.fits(room - 1 - len(forced)):
                 budget.rollback(mark)
                 return self._close(budget, room)
-        lp = top_logprobs(logits, self.sampler, token, self.logprobs) if self.logprobs is not None else None
+        lp = top_logprobs(raw, self.sampler, token, self.logprobs) if self.logprobs is not None else None
         out: list[Piece] = []
         if self._emit(token, lp, out) or (finish and self._ended(finish, out)):
             return out
@@ -305,6 +383,8 @@ class TokenPolicy:
         self.stats.generated_tokens = len(self.tokens)
         if self.recent is not None:
             self.recent.append(token)
+        if self.hooks is not None:
+            self.hooks.append(token)
         if self._lps is not None:
             self._lps.append((token, lp[0], lp[1]) if lp is not None else (token, None, []))
         text, stop = self.stops.feed(self.detok.feed(token))
@@ -358,7 +438,8 @@ class TokenPolicy:
             if c is not None:
                 st = self.stats
                 st.constraint_s, st.masks, st.mask_s, st.forced_tokens = c.cost_s, c.masks, c.mask_s, c.forced_tokens
-                complete = c.accepting and not self._cut and not detail.startswith("stop string")
+                accepting = c.accepting if self._accepting is None else self._accepting
+                complete = accepting and not self._cut and not detail.startswith("stop string")
                 if not complete and reason == "length":
                     detail += f" (the output is incomplete: the {c.grammar.what} is not finished)"
             self.completion = Completion("".join(self._text), list(self.tokens), reason, self.stats, detail,

@@ -62,7 +62,9 @@ class LLM:
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
                json_schema=None, regex: str | None = None, grammar: str | None = None,
                choices: list[str] | None = None, response_format: dict | None = None,
-               logit_bias: dict | None = None) -> Handle:
+               logit_bias: dict | None = None, typical_p: float = 1.0, tfs_z: float = 1.0,
+               mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+               logits_processor=None, stopping_criteria=None) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
@@ -71,7 +73,9 @@ class LLM:
         return self._generation(prompt, max_tokens, stop, logprobs, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repeat_last_n=repeat_last_n, seed=seed, logit_bias=logit_bias), on_prefill, draft_tokens, dict(
+            repeat_last_n=repeat_last_n, seed=seed, logit_bias=logit_bias, typical_p=typical_p, tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria), on_prefill, draft_tokens, dict(
             json_schema=json_schema, regex=regex, grammar=grammar, choices=choices, response_format=response_format))
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
@@ -80,16 +84,28 @@ class LLM:
                  seed: int | None = None, stop: str | list[str] | None = None,
                  logprobs: int | None = None, draft_tokens: int | None = None, json_schema=None,
                  regex: str | None = None, grammar: str | None = None, choices: list[str] | None = None,
-                 response_format: dict | None = None, logit_bias: dict | None = None) -> Completion:
+                 response_format: dict | None = None, logit_bias: dict | None = None, typical_p: float = 1.0,
+                 tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                 mirostat_eta: float = 0.1, logits_processor=None, stopping_criteria=None) -> Completion:
         """Generates a continuation of `prompt` (text or token ids).
 
         temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
-        presence_penalty over the last repeat_last_n tokens) -> temperature -> top_k -> top_p ->
-        min_p -> a draw seeded by `seed`. Generation stops at an end-of-generation token, at
-        max_tokens, at a full context, or at any of the `stop` strings (not included in the text).
+        presence_penalty over the last repeat_last_n tokens) -> temperature -> top_k -> tfs_z
+        (tail-free) -> typical_p (locally typical) -> top_p -> min_p -> a draw seeded by `seed`;
+        mirostat_mode=1 or 2 (Mirostat, Mirostat 2.0: target surprise mirostat_tau bits, learning
+        rate mirostat_eta) replaces everything after the temperature (pydecode/sampling_extra.py).
+        Generation stops at an end-of-generation token, at max_tokens, at a full context, or at
+        any of the `stop` strings (not included in the text).
         logprobs=N records each chosen token's log-probability and the N most likely tokens.
         logit_bias={token id: bias} adds the bias to those tokens' logits before the chain
         (-inf, or None, bans a token).
+        logits_processor: f(input_ids, scores) -> scores, or a list of them applied in order
+        (llama-cpp-python's), on a copy of each step's logits before everything else (input_ids:
+        np.intc, the prompt and the tokens so far; scores: np.float32, one per vocabulary token).
+        stopping_criteria: f(input_ids, logits) -> bool, or a list (any True stops), called once
+        the next token is chosen; True ends the generation there (finish_reason "stop",
+        stop_detail "stopping_criteria", that token not emitted). What they raise, or a
+        processor's answer of the wrong type or shape, ends the generation and reaches you.
         draft_tokens: with a drafter (load's `draft`), the most tokens it may propose per pass
         (0 turns speculative decoding off for this call); the output does not change.
 
@@ -106,7 +122,9 @@ class LLM:
                           presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop,
                           logprobs=logprobs, draft_tokens=draft_tokens, json_schema=json_schema, regex=regex,
                           grammar=grammar, choices=choices, response_format=response_format,
-                          logit_bias=logit_bias)
+                          logit_bias=logit_bias, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                          logits_processor=logits_processor, stopping_criteria=stopping_criteria)
         try:
             return gen.result()
         except BaseException:
@@ -115,9 +133,10 @@ class LLM:
 
     def generate_batch(self, prompts: list[str | list[int]], max_tokens: int = 256, **params) -> list[Completion]:
         """Completions of several prompts, in their order; parameters as in generate(), the same
-        for each. They run batched: the KV cache grows to a slot per prompt if it has fewer
-        (within the memory there is, and n_batch; a warning says when it cannot, and the rest
-        queue, joining as others finish)."""
+        for each (a logits_processor or stopping_criteria is called for every sequence, each
+        time with that sequence's own input_ids). They run batched: the KV cache grows to a slot
+        per prompt if it has fewer (within the memory there is, and n_batch; a warning says when
+        it cannot, and the rest queue, joining as others finish)."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of prompts (texts or token-id lists), not one string")
         prompts = list(prompts)
@@ -180,7 +199,8 @@ class LLM:
 
     def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Completion:
         """Replies to a conversation. The history's K/V stay cached across turns, so turn N+1
-        prefills only its new tokens (see .stats.cached_tokens)."""
+        prefills only its new tokens (see .stats.cached_tokens). Keywords as in generate()
+        (sampling, typical_p / tfs_z / mirostat_*, logits_processor, stopping_criteria, ...)."""
         return self.generate(self.chat_tokens(messages), max_tokens, **sampling)
 
     def stream_chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> Handle:
@@ -243,6 +263,34 @@ class LLM:
 
     def __exit__(self, *exc):
         self.close()
+
+    # ---- embeddings (pydecode/embeddings.py) ----
+
+    def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True) -> list:
+        """Embeddings of `inputs`: a string, a list of strings, a list of token ids (one input) or
+        a list of such lists; strings get the model's special tokens (BOS/EOS) as llama.cpp adds
+        them. Returns one float32 numpy array per input: (n_embd,) when pooled, (n_tokens, n_embd)
+        with pooling "none". pooling: "none", "mean", "cls" or "last" (default: the GGUF's, see
+        `pooling`); normalize: L2 (True), none (False), or llama.cpp's embd_normalize as an int
+        (applied to each token's vector with pooling "none"). The vectors are the final hidden
+        states after the output norm (what the head reads). Each input takes a KV slot as a
+        generation does (waiting its turn), and leaves its tokens there for a later prompt's prefix.
+        An input with no tokens is a ValueError; one over the context a ContextFullError."""
+        from . import embeddings
+        return embeddings.embed(self.model, inputs, pooling=pooling, normalize=normalize,
+                                take=self.engine._taker(None))
+
+    @property
+    def pooling(self) -> str:
+        """The pooling the GGUF asks for ({arch}.pooling_type): "none" (also when absent, as
+        llama.cpp), "mean", "cls", "last" or "rank" (refused by embed unless pooling= is given)."""
+        from .embeddings import model_pooling
+        return model_pooling(self.model)
+
+    @property
+    def n_embd(self) -> int:
+        """The width of the hidden state: an embedding's length."""
+        return self.model.config.n_embd
 
 
 def load(model: str | os.PathLike = "smollm2-135m", *, n_ctx: int | None = None, n_threads: int | None = None,

@@ -273,24 +273,45 @@ class Model:
 
     # ---- the two calls into C ----
 
+    def _block(self, tokens, pos, what: str) -> np.ndarray:
+        """A block's token ids, checked: at least one, in the vocabulary, fitting the context at pos."""
+        toks = token_ids(tokens, self.n_vocab)
+        n = len(toks)
+        if n == 0:
+            raise ValueError(f"{what} needs at least one token")
+        if not isinstance(pos, (int, np.integer)) or pos < 0 or pos + n > self.n_ctx:
+            raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
+        return toks
+
     def prefill(self, tokens, pos: int = 0, all_logits: bool = False, seq: int = 0, *,
                 lease: object = None) -> np.ndarray:
         """Runs the prompt tokens at positions pos.. of sequence slot seq as one block, filling
         the KV cache. Returns the last position's logits (a view reused by the next call), or
         [n, vocab] if all_logits. `lease`: the slot's lessee in `slots` (the Engine); without
         one the write is direct (refused while a generation leases the slot, see SlotLedger)."""
-        toks = token_ids(tokens, self.n_vocab)
+        toks = self._block(tokens, pos, "prefill")
         n = len(toks)
-        if n == 0:
-            raise ValueError("prefill needs at least one token")
-        if not isinstance(pos, (int, np.integer)) or pos < 0 or pos + n > self.n_ctx:
-            raise ContextFullError(f"{n} tokens at position {pos} do not fit in the context of {self.n_ctx} tokens")
         out = np.empty((n, self.n_vocab), dtype=np.float32) if all_logits else self._logits
         slot = self._slot(seq)
         with self._lock:
             self._usable(slot, lease)
             rc = lib.pd_prefill(self._ptr, slot, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
                                 ffi.cast("float *", out.ctypes.data), int(all_logits))
+            self._check(rc)
+        return out
+
+    def prefill_hidden(self, tokens, pos: int = 0, seq: int = 0, *, lease: object = None) -> np.ndarray:
+        """prefill (the same checks, the same K/V written), but returns every token's final hidden
+        state after the output norm, what the head reads: a fresh float32 [n, n_embd] (the head
+        is skipped). The states of embeddings (pydecode/embeddings.py). `lease` as in prefill."""
+        toks = self._block(tokens, pos, "prefill_hidden")
+        n = len(toks)
+        out = np.empty((n, self.config.n_embd), dtype=np.float32)
+        slot = self._slot(seq)
+        with self._lock:
+            self._usable(slot, lease)
+            rc = lib.pd_prefill_hidden(self._ptr, slot, ffi.cast("int32_t *", toks.ctypes.data), n, pos,
+                                       ffi.cast("float *", out.ctypes.data))
             self._check(rc)
         return out
 

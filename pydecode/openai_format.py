@@ -1,5 +1,5 @@
 """OpenAI's response shapes, made of pydecode's Pieces and Completions: written once for the two
-places that speak them, llama-cpp-python's `Llama` (llama_compat.py) and `pydecode serve`
+places that speak them, llama-cpp-python's `Llama` (compat/llama.py) and `pydecode serve`
 (pydecode/server/)."""
 from __future__ import annotations
 

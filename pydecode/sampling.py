@@ -1,14 +1,22 @@
 """sample: one step's logits -> the next token id. Policy lives here, in Python.
 
 The chain, in this order (llama.cpp's order):
-    penalties (repeat / frequency / presence over the last `repeat_last_n` tokens)
-    -> temperature -> top-k -> top-p -> min-p -> a seeded draw.
-temperature == 0 is greedy: a plain argmax (after penalties, if any).
+    penalties (repeat / frequency / presence over the last `repeat_last_n` tokens) and logit_bias
+    -> temperature -> top-k -> tail-free (tfs_z) -> locally typical (typical_p) -> top-p -> min-p
+    -> a seeded draw.
+Mirostat (mirostat_mode 1 or 2, with mirostat_tau and mirostat_eta) replaces everything after the
+temperature: its own truncation steers each token's surprise toward tau (as llama.cpp's chain:
+temperature, then mirostat). temperature == 0 is greedy: a plain argmax (after penalties, if any),
+whatever the other stages say. Tail-free, typical and Mirostat are the rare stages: they run in
+numpy (pydecode/sampling_extra.py, which gives their definitions); the others in C.
 
 Cost on a 262k-token vocabulary stays around 0.2 ms a step because nothing vocabulary-wide is
 sorted: a one-pass top-k in C (pd_top_k) picks the candidates and a SIMD exp-sum (pd_sum_exp)
 gives the full-vocabulary normalizer when no top-k bounds the distribution. The candidate list
 only grows when top-p or min-p needs more than it holds, so results are exact, not approximate.
+With tail-free or typical on, the step sorts the candidates (the whole vocabulary without a
+top-k: ~1 ms a step on 49k tokens, ~3 ms on 152k; ~0.3 ms with a top-k); Mirostat reads only
+the likeliest (~0.3 ms).
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
+from .sampling_extra import ExtraChain
 
 ffi, lib = _core.ffi, _core.lib
 
@@ -46,6 +55,11 @@ class SamplingParams:
     repeat_last_n: int = 64        # the penalty window, in tokens (prompt included)
     seed: int | None = None
     logit_bias: dict | None = None  # {token id: added to its logit}; -inf bans it (llama-cpp-python's)
+    typical_p: float = 1.0         # 1 = off; locally typical sampling (sampling_extra.py)
+    tfs_z: float = 1.0             # 1 = off; tail-free sampling
+    mirostat_mode: int = 0         # 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replace top-k ... min-p)
+    mirostat_tau: float = 5.0      # Mirostat's target surprise, in bits
+    mirostat_eta: float = 0.1      # Mirostat's learning rate
 
     def __post_init__(self):
         _number("temperature", self.temperature, 0.0, 1e6)
@@ -66,6 +80,14 @@ class SamplingParams:
             object.__setattr__(self, "seed", None)
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias) or None)
+        _number("typical_p", self.typical_p, 0.0, 1.0, lo_open=True)
+        _number("tfs_z", self.tfs_z, 0.0, 1.0, lo_open=True)
+        m = self.mirostat_mode
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m not in (0, 1, 2):
+            raise ValueError(f"mirostat_mode must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got {m!r}")
+        object.__setattr__(self, "mirostat_mode", int(m))
+        _number("mirostat_tau", self.mirostat_tau, 0.0, 1e6)
+        _number("mirostat_eta", self.mirostat_eta, 0.0, 1e6)
 
     @property
     def penalized(self) -> bool:
@@ -73,10 +95,17 @@ class SamplingParams:
                                            or self.presence_penalty != 0.0)
 
     @property
+    def extra(self) -> bool:
+        """Whether a stage of sampling_extra.py is on (tail-free, typical, Mirostat): they sample,
+        so greedy (temperature 0) ignores them."""
+        return self.temperature > 0 and (self.typical_p < 1.0 or self.tfs_z < 1.0 or self.mirostat_mode != 0)
+
+    @property
     def adjusted(self) -> bool:
-        """Whether the chain starts from changed logits (penalties or a logit bias): then no step
-        may draw from a summary of the raw logits."""
-        return self.penalized or self.logit_bias is not None
+        """Whether no step may draw from a summary of the raw logits (nor take the C fast path):
+        the chain starts from changed logits (penalties or a logit bias), or it has a stage the
+        summary's few hundred candidates cannot serve (`extra`)."""
+        return self.penalized or self.logit_bias is not None or self.extra
 
 
 def _checked_bias(bias) -> dict[int, float]:
@@ -148,8 +177,11 @@ class Sampler:
 
     _U_BATCH = 64   # uniforms drawn at a time: the same stream as one rng.random() per draw
 
-    def __init__(self, params: SamplingParams, n_vocab: int):
+    def __init__(self, params: SamplingParams, n_vocab: int, processed: bool = False):
         self.params, self.n_vocab = params, n_vocab
+        # processed: a logits processor (TokenPolicy's) rewrites every step's logits, so a
+        # summary the model made of the raw ones is of no use to the draw.
+        self.processed = processed
         self.rng = np.random.default_rng(params.seed)
         self._ids = np.empty(0, np.int32)
         self._vals = np.empty(0, np.float32)
@@ -171,6 +203,8 @@ class Sampler:
                 raise ValueError(f"logit_bias: token id {int(ids.max())} is outside the vocabulary (0..{n_vocab - 1})")
             self._bias = (ids, np.fromiter(p.logit_bias.values(), np.float32))
         self._src = self._buf = None
+        # tail-free / typical / Mirostat (and Mirostat's mu, which lives as long as the generation)
+        self.extra = ExtraChain(p, n_vocab) if p.extra else None
         self.proposal = None   # propose's candidates and draw (a pd_proposal *), made on first use
         self._fresh = False    # whether it holds the last proposed step's candidates
 
@@ -179,6 +213,8 @@ class Sampler:
         """1 / temperature when a model's step may summarize its logits for this sampler's draw
         (csrc/sampling/summary.h: the draw then reads a few hundred candidates, not the vocabulary), else 0.
         The Engine turns the summary on for the steps that return one sequence's one row."""
+        if self.processed:
+            return 0.0
         return self._fast_args[2] if (self._fast and self._fast_args[0] <= SUMMARY_K) or self._plain else 0.0
 
     @property
@@ -187,7 +223,7 @@ class Sampler:
         is untruncated; greedy's is the best of its candidates, at any temperature: 1), whenever
         no penalty changes the logits first."""
         p = self.params
-        return 0.0 if p.adjusted else self._fast_args[2] if p.temperature > 0 else 1.0
+        return 0.0 if p.adjusted or self.processed else self._fast_args[2] if p.temperature > 0 else 1.0
 
     def uniform(self) -> float:
         """The next uniform draw of the seeded generator (drawn in batches: the same numbers)."""
@@ -319,7 +355,9 @@ class Sampler:
         """The next token among those a structured-output bitmask allows (mask: uint32_t * cdata,
         see constraint.py): the same chain as `sample`, over the allowed tokens only. Greedy is
         one C pass over the logits and the mask; otherwise the disallowed logits become -inf (in
-        C) before the chain, or the step's summary decides the draw when it can do so exactly."""
+        C) before the chain, or the step's summary decides the draw when it can do so exactly.
+        With a stage of sampling_extra.py on, its chain runs over the allowed tokens (-inf ones
+        are not candidates there)."""
         p = self.params
         pen = p.penalized and len(recent)   # (the logit bias: already in `logits`, see Constraint._choose)
         if p.temperature == 0 and not pen:
@@ -352,6 +390,8 @@ def sample(logits: np.ndarray, params: SamplingParams, sampler: Sampler, recent=
     if p.temperature == 0:
         return int(np.argmax(x))
     x = np.ascontiguousarray(x, dtype=np.float32)
+    if sampler.extra is not None:   # tail-free, typical or Mirostat: the numpy chain
+        return sampler.extra.sample(x, sampler)
     inv_t = 1.0 / p.temperature
     n = len(x)
     bounded = 0 < p.top_k < n

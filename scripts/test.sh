@@ -111,7 +111,7 @@ T=$REPO/tests
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
   "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
   "$T/test_lifetimes.py" "$T/test_speculative.py::test_draft_model_drafts_for_every_sequence_of_a_batch" \
-  "$T/test_kv_cache.py" "$T/test_iq_formats.py" "$T/test_moe.py" "$T/test_threads.py::test_moe_steps_oversubscribed_never_hang" \
+  "$T/test_kv_cache.py" "$T/test_iq_formats.py" "$T/test_embeddings.py" "$T/test_moe.py" "$T/test_threads.py::test_moe_steps_oversubscribed_never_hang" \
   "$T/test_kvstate.py::test_truncated_or_flipped_anywhere_never_loads" \
   "$T/test_kvstate.py::test_refused_files_change_nothing" "$T/test_kvstate.py::test_engine_saves_a_finished_handles_slot_in_memory" \
   "$T/test_speculative.py::test_cache_after_rejections_equals_recompute" \
@@ -121,7 +121,7 @@ T=$REPO/tests
   "$T/test_structured.py::test_regex_and_choices_always_match[smol-sampled]" \
   "$T/test_structured.py::test_draw_first_decisions_agree_with_the_mask" \
   "$T/test_structured.py::test_constrained_sampling_is_the_chain_over_the_allowed_tokens[params0]" \
-  -k "not gemma_k_tensor and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree \
+  -k "not gemma_k_tensor and not (head_reads and (gemma or qwen)) and not matches_the_reference_smollm and not test_kv_formula_equals_allocation_gemma and not scalar_and_simd_agree \
       and not avxvnni_evex and not (across_thread_counts and gemma) \
       and not (scalar and (cached_decode_equals_recompute or all_logits_equal_stepwise or across_thread_counts \
                or q8_0_cache_equals_recompute_past_a_chunk))" \

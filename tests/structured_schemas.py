@@ -95,3 +95,36 @@ SCHEMAS = [
 ]
 
 assert len(SCHEMAS) == 20
+
+
+def random_allowed_step(c, rng, tok, n_vocab: int, eog, out: list) -> bool:
+    """One step of a random walk under constraint c (a pydecode Constraint with a budget): a
+    token the grammar allows, short ones more often (they reach the awkward states: inside
+    escapes, numbers, keys), consumed and appended to out with what it forces. False when no
+    token is allowed."""
+    import numpy as np
+
+    c._mask()
+    allowed = [t for t in np.flatnonzero(np.unpackbits(c.words.view(np.uint8), bitorder="little"))
+               if t < n_vocab and t not in eog]
+    if not allowed:
+        return False
+    t = int(rng.choice(allowed) if rng.random() < 0.5 else min(rng.sample(allowed, min(8, len(allowed))),
+                                                                key=lambda i: len(tok.token_bytes(i))))
+    assert c.matcher.consume_token(t)
+    c.budget.read([t])
+    out.append(t)
+    out += c.forced()
+    return True
+
+
+def checked_closing(c, tok, out: list) -> str:
+    """The text of out followed by the budget's shortest closing, after checking that the
+    grammar accepts the closing and is complete with it."""
+    got = c.budget.closing()
+    assert got is not None, f"no closing after {tok.decode(out)!r}"
+    text, toks = got
+    m = c.matcher.deep_copy()
+    assert m.consume_tokens(toks) and m.is_accepting(), \
+        f"closing {text!r} after {tok.decode(out)!r} refused or incomplete"
+    return tok.decode(out + toks)

@@ -17,7 +17,7 @@ import pydecode
 from pydecode import constraint
 from pydecode.json_leaves import shortest_completion
 
-from structured_schemas import SCHEMAS
+from structured_schemas import SCHEMAS, checked_closing, random_allowed_step
 
 FREE = {"type": "object", "properties": {   # the "describe a person": nothing bounded
     "name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},
@@ -73,28 +73,12 @@ def _walk(tok, n_vocab, schema, rng, steps):
     out = list(c.initial())
     eog = tok.eog_ids
     for _ in range(steps):
-        got = c.budget.closing()
-        assert got is not None, f"no closing after {tok.decode(out)!r}"
-        text, toks = got
-        m = c.matcher.deep_copy()
-        assert m.consume_tokens(toks) and m.is_accepting(), \
-            f"closing {text!r} after {tok.decode(out)!r} refused or incomplete"
-        full = tok.decode(out + toks)
+        full = checked_closing(c, tok, out)
         validate(full, schema)
         if c.done:
             return
-        c._mask()
-        allowed = [t for t in np.flatnonzero(np.unpackbits(c.words.view(np.uint8), bitorder="little"))
-                   if t < n_vocab and t not in eog]
-        if not allowed:
+        if not random_allowed_step(c, rng, tok, n_vocab, eog, out):
             return
-        # short tokens more often: they reach the awkward states (inside escapes, numbers, keys)
-        t = int(rng.choice(allowed) if rng.random() < 0.5 else min(rng.sample(allowed, min(8, len(allowed))),
-                                                                    key=lambda i: len(tok.token_bytes(i))))
-        assert c.matcher.consume_token(t)
-        c.budget.read([t])
-        out.append(t)
-        out += c.forced()
 
 
 @pytest.fixture(scope="module")

@@ -254,22 +254,9 @@ def split_parts(text, fmt=THINK):
 def reasoning_server(tmp_path_factory):
     """The server's app over a tiny random model given Qwen3's (or gpt-oss's) template; a grammar
     makes it say what the test needs (its vocabulary is the bytes: the markers are spelt out)."""
-    pytest.importorskip("starlette")
-    from starlette.testclient import TestClient
+    from tiny_models import tiny_server as serve
 
-    import pydecode
-    from pydecode.server import ServerState, create_app
-    from tiny_models import write_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_tiny_model(path, "llama", n_layer=2)
-    llm = pydecode.load(str(path), n_ctx=1024, n_threads=1)   # gpt-oss's system prompt, spelt in bytes
-    state = ServerState("tiny")
-    llm.engine.start()
-    state.ready(llm)
-    with TestClient(create_app(state)) as client:
-        yield llm, client
-    llm.close()
+    yield from serve(tmp_path_factory, n_ctx=1024)   # gpt-oss's system prompt, spelt in bytes
 
 
 def _gbnf(text):

@@ -449,7 +449,7 @@ def test_cli_bad_constraint_is_a_clear_error(smollm_path, args, words):
 
 
 def test_llama_cpp_python_response_format(smollm_path):
-    from pydecode.llama_compat import Llama
+    from pydecode import Llama
     schema = SCHEMAS[0][1]
     llm = Llama(str(smollm_path), n_ctx=512, verbose=False)
     try:

@@ -6,13 +6,13 @@ import json
 import random
 
 import jsonschema
-import numpy as np
 import pytest
 
 import pydecode
 from pydecode import Llama, constraint
 from pydecode.chat import tools as tc
 from pydecode.registry import model_path
+from structured_schemas import checked_closing, random_allowed_step
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -158,30 +158,15 @@ def _walk(tok, n_vocab, g, prefix, rng, steps, only):
         out.append(t)
         out += c.forced()
     for _ in range(steps):
-        got = c.budget.closing()
-        assert got is not None, f"no closing after {tok.decode(out)!r}"
-        text, toks = got
-        m = c.matcher.deep_copy()
-        assert m.consume_tokens(toks) and m.is_accepting(), \
-            f"closing {text!r} after {tok.decode(out)!r} refused or incomplete"
-        full = tok.decode(out + toks)
+        full = checked_closing(c, tok, out)
         _, calls = tc.parse_tool_calls(full, fmt, set(SCHEMAS))
         check_calls(calls, only)
         if g.frame[1] is False:                 # required / named: the answer is calls
             assert calls, f"{full!r} holds no call"
         if c.done:
             return
-        c._mask()
-        allowed = [t for t in np.flatnonzero(np.unpackbits(c.words.view(np.uint8), bitorder="little"))
-                   if t < n_vocab and t not in eog]
-        if not allowed:
+        if not random_allowed_step(c, rng, tok, n_vocab, eog, out):
             return
-        t = int(rng.choice(allowed) if rng.random() < 0.5 else min(rng.sample(allowed, min(8, len(allowed))),
-                                                                    key=lambda i: len(tok.token_bytes(i))))
-        assert c.matcher.consume_token(t)
-        c.budget.read([t])
-        out.append(t)
-        out += c.forced()
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3"])

@@ -52,14 +52,16 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
                      rope_freqs: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
                      moe_keys: dict | None = None, moe: bool | None = None, router_scale: float = 1.0,
-                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0, expert_bias: float = 0.5) -> None:
+                     sinks: bool = False, out_bias: bool = False, yarn: float = 0.0, expert_bias: float = 0.5,
+                     pooling_type: int | None = None) -> None:
     """arch "qwen3moe": every layer's FFN is n_expert experts of width n_ff_exp, n_expert_used per
     token (moe_keys: <arch>.* keys added or overriding the counts, e.g. {"expert_gating_func": 2}).
     moe=True with a dense arch: the experts beside the dense FFN (a hostile file). router_scale 1:
     decisive routes (8-bit activation noise never flips one); 0.25: the weights of the k chosen
     differ enough for their gating and renormalization to matter.
     sinks, out_bias, yarn: gpt-oss's attention pieces on any architecture (attention sinks, an
-    attn_output bias, YaRN RoPE of that factor over an original context of 8)."""
+    attn_output bias, YaRN RoPE of that factor over an original context of 8).
+    pooling_type: <arch>.pooling_type, llama.cpp's enum (an embedding model's; absent: none)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -77,6 +79,8 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         for key, value in keys.items():   # gating as a number: this gguf's enum lacks 3
             w.add_uint32(f"{arch}.{key}", value) if key in ("expert_gating_func", "expert_count") \
                 else getattr(w, "add_" + key)(value)
+    if pooling_type is not None:
+        w.add_uint32(f"{arch}.pooling_type", pooling_type)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -191,3 +195,24 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tiny_server(tmp_path_factory, n_ctx: int):
+    """A generator for a module fixture: (llm, Starlette TestClient) over the server's app on a
+    2-layer tiny llama (its engine started), closed after the module."""
+    import pytest
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    import pydecode
+    from pydecode.server import ServerState, create_app
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    write_tiny_model(path, "llama", n_layer=2)
+    llm = pydecode.load(str(path), n_ctx=n_ctx, n_threads=1)
+    state = ServerState("tiny")
+    llm.engine.start()
+    state.ready(llm)
+    with TestClient(create_app(state)) as client:
+        yield llm, client
+    llm.close()

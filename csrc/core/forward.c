@@ -238,6 +238,16 @@ static int forward(pd_worker *w, step_ctx *s) {
     for (int l = 0; l < c->n_layer; l++)
         if (layer_forward(w, s, l)) return -1;
 
+    /* embeddings: what the head would read (the output norm's result), for every token, and no
+     * head: its n_vocab rows are most of a small model's bytes */
+    if (s->hidden) {
+        FOR_CHUNKS(w, n, t)
+            rmsnorm(s->hidden + (size_t)t * d, m->x + (size_t)t * d, (const float *)m->g[PD_OUTPUT_NORM].data,
+                    d, c->norm_eps);
+        END_PHASE(w, n);
+        return 0;
+    }
+
     /* final norm and output head: only the positions whose logits are wanted */
     int n_out = s->n_out;
     if (!s->logits || n_out < 1) return 0;

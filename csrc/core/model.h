@@ -85,6 +85,8 @@ typedef struct {
     const int32_t *out_idx;     /* the tokens whose logits are wanted, in order */
     int n_out;
     float *logits;              /* [n_out][n_vocab] */
+    float *hidden;              /* or [n][n_embd]: every token's state after the output norm, no head
+                                   (embeddings: pd_prefill_hidden) */
     uint32_t epoch;
     int summ;                   /* fold the logits into the sampling summary (summary.h) */
     int nth;                    /* the threads running it: chunk counts follow from it, so every

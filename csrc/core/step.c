@@ -1,7 +1,8 @@
 /* A step's way into the core: its arguments checked, then published to the thread pool.
  *
  * pd_prefill / pd_decode_step run one sequence's tokens (in chunks of n_batch:
- * causal attention makes chunked == whole-block, exactly); pd_batch_step runs several
+ * causal attention makes chunked == whole-block, exactly), pd_prefill_hidden the same for their
+ * normed final states (embeddings); pd_batch_step runs several
  * sequences' tokens in one pass. Each checks everything first (no thread touches a bad id,
  * position or slot), then publish_step() hands the step to the pool and runs its share.
  */
@@ -42,7 +43,7 @@ static int check_step(pd_model *m, const int32_t *tokens, const int32_t *pos, co
 }
 
 static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
-                        const int32_t *out_idx, int n_out, float *logits) {
+                        const int32_t *out_idx, int n_out, float *logits, float *hidden) {
     step_ctx *s = m->step;
     const int summ = m->summ_inv_t > 0 && n_out == 1 && logits;
     if (summ)
@@ -52,7 +53,7 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
     atomic_thread_fence(memory_order_release);
     const int all = pd_pool_size(m->pool), dt = m->decode_threads;
     const int nth = n == 1 && dt > 0 && dt < all ? dt : all;
-    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, ++m->epoch, summ, nth };
+    *s = (step_ctx){ m, tokens, pos, seq, n, out_idx, n_out, logits, hidden, ++m->epoch, summ, nth };
     /* The phases are reset for the new epoch BEFORE the step becomes readable: a worker that woke
      * late for the last step can read this one as soon as step_seq is even and run ahead of this
      * thread. Reset after, a preempted reset stored a phase's next before that worker claimed its
@@ -64,8 +65,10 @@ static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos,
 }
 
 /* One sequence: tokens at positions pos.. in chunks of n_batch (causal attention makes chunked ==
- * whole-block, exactly). Logits of the last token, or of every token if all. */
-static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, float *logits, int all) {
+ * whole-block, exactly). Logits of the last token, or of every token if all; or, with hidden,
+ * every token's normed final state instead of any logits. */
+static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, float *logits, int all,
+                   float *hidden) {
     if (!m) return PD_EINVAL;
     if (n < 1) return pd_set_err(m->err, sizeof m->err, "no tokens given (n=%d)", n);
     if (sq < 0 || sq >= m->c.n_seq) return pd_set_err(m->err, sizeof m->err, "sequence slot %d is outside 0..%d", sq, m->c.n_seq - 1);
@@ -84,19 +87,27 @@ static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, f
         for (int i = 0; i < chunk; i++) { m->pos[i] = pos + done + i; m->seq[i] = sq; m->out_idx[i] = i; }
         int n_out = all ? chunk : (last ? 1 : 0);
         if (!all) m->out_idx[0] = chunk - 1;
-        publish_step(m, tokens + done, m->pos, m->seq, chunk, m->out_idx, n_out,
-                    all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL));
+        if (hidden)
+            publish_step(m, tokens + done, m->pos, m->seq, chunk, m->out_idx, 0, NULL, hidden + (size_t)done * m->c.n_embd);
+        else
+            publish_step(m, tokens + done, m->pos, m->seq, chunk, m->out_idx, n_out,
+                        all ? logits + (size_t)done * m->c.n_vocab : (last ? logits : NULL), NULL);
         done += chunk;
     }
     return PD_OK;
 }
 
 int pd_prefill(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits) {
-    return run_seq(m, tokens, n, pos, seq, logits, all_logits);
+    return run_seq(m, tokens, n, pos, seq, logits, all_logits, NULL);
+}
+
+int pd_prefill_hidden(pd_model *m, int seq, const int32_t *tokens, int n, int pos, float *out) {
+    if (m && !out) return pd_set_err(m->err, sizeof m->err, "no output buffer for the hidden states");
+    return run_seq(m, tokens, n, pos, seq, NULL, 0, out);
 }
 
 int pd_decode_step(pd_model *m, int seq, int32_t token, int pos, float *logits) {
-    return run_seq(m, &token, 1, pos, seq, logits, 0);
+    return run_seq(m, &token, 1, pos, seq, logits, 0, NULL);
 }
 
 int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
@@ -108,6 +119,6 @@ int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const 
     memcpy(m->pos, pos, (size_t)n * sizeof *pos);
     memcpy(m->seq, seq, (size_t)n * sizeof *seq);
     memcpy(m->out_idx, out_idx, (size_t)n_out * sizeof *out_idx);
-    publish_step(m, tokens, m->pos, m->seq, n, m->out_idx, n_out, n_out ? logits : NULL);
+    publish_step(m, tokens, m->pos, m->seq, n, m->out_idx, n_out, n_out ? logits : NULL, NULL);
     return PD_OK;
 }

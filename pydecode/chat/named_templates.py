@@ -55,8 +55,17 @@ MISTRAL_V7 = (
     "{% else %}{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}"
 )
 
+# llama-cpp-python's own "mistral-instruct" (llama_chat_format.format_mistral_instruct): user turns
+# as "[INST] ... [/INST]", answers right after with the eos; system messages are not shown.
+MISTRAL_INSTRUCT = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
 NAMED = {
     "chatml": CHATML,
+    "mistral-instruct": MISTRAL_INSTRUCT,
     "llama2": LLAMA2,
     "llama3": LLAMA3,
     "gemma": GEMMA,
@@ -94,7 +103,7 @@ NAMED = {
 
 # The other spellings: llama-cpp-python's chat_format names, and llama-server's variants.
 ALIASES = {"qwen": "chatml", "chatml-function-calling": "chatml", "llama-2": "llama2", "llama-3": "llama3",
-           "mistral-instruct": "mistral-v1", "mistrallite": "mistral-v1", "mistral": "mistral-v3",
+           "mistrallite": "mistral-v1", "mistral": "mistral-v3",
            "mistral-v3-tekken": "mistral-v3", "mistral-v7-tekken": "mistral-v7", "gemma2": "gemma",
            "gemma3": "gemma", "phi-3": "phi3", "deepseek-v2": "deepseek2", "deepseek-v3": "deepseek3",
            "command-r-plus": "command-r"}

@@ -94,9 +94,11 @@ def _no_effect_options(f):
               help="When a sequence fills its context, drop the older half of its history (after the first "
                    "--keep tokens) and go on, instead of ending it (finish_reason length).")
 @click.option("--keep", type=int, default=0, help="Tokens at the start a context shift keeps (-1: the whole prompt).")
-@click.option("--embedding", "--embeddings", "embedding", is_flag=True, help="Serve /v1/embeddings.")
+@click.option("--embedding", "--embeddings", "embedding", is_flag=True,
+              help="Serve embeddings: /v1/embeddings (OpenAI's shape) and /embedding, /embeddings (llama-server's).")
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last", "rank"]), default=None,
-              help="Embedding pooling (default: the model's).")
+              help="Embedding pooling (default: the GGUF's pooling_type; none when it has none, which "
+                   "/v1/embeddings refuses). rank (reranking) is not supported.")
 @click.option("--sleep-idle-seconds", type=float, default=None,
               help="After this long without requests, free the model's memory (the next request reloads it).")
 @click.option("--max-queue", type=click.IntRange(min=0), default=256, help="Requests that may wait for a slot; beyond them, 429.")
@@ -134,6 +136,9 @@ def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, model
     if lora:
         raise click.BadParameter("LoRA adapters are not supported by pydecode (they change every output)",
                                  param_hint="--lora")
+    if pooling == "rank":
+        raise click.BadParameter("rank pooling (a reranker's scores) is not supported by pydecode; "
+                                 "use none, mean, cls or last", param_hint="--pooling")
     if grp_attn_n != 1:
         raise click.BadParameter("group attention (self-extend) is not supported by pydecode", param_hint="--grp-attn-n")
     sampling = {k: kw.pop(k) for k in common.SAMPLING if kw.get(k) is not None}

@@ -315,7 +315,7 @@ def create_app(state: ServerState, cors_origins=()):
     OpenAI's routes (with and without /v1, as llama-server), llama-server's own (native.py),
     Anthropic's (anthropic.py), OpenAI's responses (responses.py); the API key and CORS
     outermost (guard.py)."""
-    from . import anthropic, guard, info, native, responses
+    from . import anthropic, embeddings, guard, info, native, responses
 
     if cors_origins:
         state.settings.cors = tuple(cors_origins)
@@ -326,12 +326,14 @@ def create_app(state: ServerState, cors_origins=()):
                    Route(f"{prefix}/models", info.list_models, methods=["GET"]),
                    Route(f"{prefix}/models/{{name:path}}", info.get_model, methods=["GET"]),
                    Route(f"{prefix}/health", info.health, methods=["GET"]),
-                   Route(f"{prefix}/embeddings", info.embeddings, methods=["POST"])]
+                   # (/embeddings is llama-server's native shape, as there; /v1/embeddings OpenAI's)
+                   Route(f"{prefix}/embeddings", embeddings.oai if prefix else embeddings.native, methods=["POST"])]
     routes = [r for r in routes if r is not None]
     routes += [Route("/metrics", info.metrics, methods=["GET"]),
                Route("/tokenize", info.tokenize, methods=["POST"]),
                Route("/detokenize", info.detokenize, methods=["POST"]),
-               Route("/predict", info.predict, methods=["POST"])]
+               Route("/predict", info.predict, methods=["POST"]),
+               Route("/embedding", embeddings.native, methods=["POST"])]
     routes += native.routes() + anthropic.routes() + responses.routes()
     app = Starlette(routes=routes, exception_handlers={APIError: guard.api_error, HTTPException: guard.http_error,
                                                        Exception: guard.server_error})

@@ -1,5 +1,5 @@
 """The routes that generate nothing: models, health, metrics, tokenize / detokenize; and the
-two that only wrap another: /v1/embeddings and Vertex AI's /predict."""
+one that only wraps another: Vertex AI's /predict (embeddings: embeddings.py)."""
 from __future__ import annotations
 
 import json
@@ -104,15 +104,6 @@ async def detokenize(request: Request) -> Response:
     body = await read_json(request, state.max_body)
     ids = params.tokens_field(body, "tokens", llm.model.n_vocab)
     return await run_in_threadpool(lambda: JSONResponse({"content": llm.detokenize(ids)}))
-
-
-async def embeddings(request: Request) -> Response:
-    """/v1/embeddings: this runtime decodes; its models' GGUFs carry no pooling head."""
-    state: ServerState = request.app.state.pd
-    if not state.settings.embeddings:
-        raise APIError(501, "embeddings are off: start the server with --embedding", code="not_supported")
-    from .embeddings import embeddings as run
-    return await run(request, state)
 
 
 async def predict(request: Request) -> Response:

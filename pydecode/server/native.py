@@ -21,13 +21,13 @@ from ..kvstate import StateFileError
 from ..slots import SlotBusy
 from . import params
 from .app import _ended, _finished, begin, read_json, submit
+from ..chat.fim import fim_ids
 from .params import APIError, bad
 from .streams import EventStream, failure, sse
 
 # Fields of llama-server's request that change the output and that pydecode does not implement:
 # refused unless they hold the value that means "off".
-_OFF = {"typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
-        "top_n_sigma": -1.0}
+_OFF = {"dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0}
 
 
 # ---------------------------------------------------------------- requests
@@ -141,13 +141,22 @@ def settings_json(state, llm, g: params.Generation | None) -> dict:
             "temperature": s["temperature"], "top_k": s["top_k"], "top_p": s["top_p"], "min_p": s["min_p"],
             "repeat_penalty": s["repeat_penalty"], "repeat_last_n": s["repeat_last_n"],
             "presence_penalty": s["presence_penalty"], "frequency_penalty": s["frequency_penalty"],
-            "typical_p": 1.0, "mirostat": 0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
-            "adaptive_target": -1.0, "adaptive_decay": 0.9,
+            "typical_p": s.get("typical_p", 1.0), "mirostat": s.get("mirostat_mode", 0),
+            "mirostat_tau": s.get("mirostat_tau", 5.0), "mirostat_eta": s.get("mirostat_eta", 0.1),
+            "xtc_probability": 0.0, "dry_multiplier": 0.0, "adaptive_target": -1.0, "adaptive_decay": 0.9,
             "stop": list(g.stop or []) if g is not None else [], "n_probs": (g.logprobs or 0) if g else 0,
             "ignore_eos": bool(bias) and all(t in bias for t in llm.tokenizer.eog_ids),
             "logit_bias": [{"token": t, "bias": None if v == -math.inf else v} for t, v in bias.items()],
             "n_ctx": llm.n_ctx, "model": state.model_id, "stream": bool(g and g.stream),
-            "samplers": ["penalties", "temperature", "top_k", "top_p", "min_p"]}
+            "samplers": _samplers(s)}
+
+
+def _samplers(s: dict) -> list[str]:
+    """The chain a request's sampling runs, in order (llama-server's names where it has them)."""
+    if s.get("mirostat_mode"):
+        return ["penalties", "temperature", "mirostat" if s["mirostat_mode"] == 1 else "mirostat_v2"]
+    return (["penalties", "temperature", "top_k"] + (["tfs_z"] if s.get("tfs_z", 1.0) < 1.0 else [])
+            + (["typ_p"] if s.get("typical_p", 1.0) < 1.0 else []) + ["top_p", "min_p"])
 
 
 def probs(tok, pieces, n: int, post: bool) -> list[dict]:
@@ -302,29 +311,6 @@ async def run_native(request, state, llm, body, g, ids, many: bool, prompt_texts
 
 # ---------------------------------------------------------------- /infill
 
-FIM = {"pre": ("tokenizer.ggml.fim_pre_token_id", ("<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>", "<PRE>", "▁<PRE>")),
-       "suf": ("tokenizer.ggml.fim_suf_token_id", ("<|fim_suffix|>", "<fim_suffix>", "<fim-suffix>", "<SUF>", "▁<SUF>")),
-       "mid": ("tokenizer.ggml.fim_mid_token_id", ("<|fim_middle|>", "<fim_middle>", "<fim-middle>", "<MID>", "▁<MID>")),
-       "sep": ("tokenizer.ggml.fim_sep_token_id", ("<|file_sep|>", "<file_sep>")),
-       "rep": ("tokenizer.ggml.fim_rep_token_id", ("<|repo_name|>", "<repo_name>", "<reponame>"))}
-
-
-def fim_ids(llm) -> dict[str, int]:
-    """The vocabulary's fill-in-the-middle tokens (GGUF keys, else the usual spellings)."""
-    meta, tok, out = llm.model.gguf.metadata, llm.tokenizer, {}
-    for name, (key, texts) in FIM.items():
-        t = meta.get(key)
-        if t is None:
-            for text in texts:
-                ids = tok.encode(text, add_special=False, parse_special=True)
-                if len(ids) == 1 and tok.is_special(ids[0]):
-                    t = ids[0]
-                    break
-        if t is not None:
-            out[name] = int(t)
-    return out
-
-
 def infill_prompt(llm, body: dict) -> list[int]:
     """llama-server's /infill prompt: [the extra files, each after <file_sep> / <repo_name>]
     <fim_prefix> input_prefix + prompt <fim_suffix> input_suffix <fim_middle> (PSM order, as
@@ -403,7 +389,8 @@ async def props(request: Request) -> Response:
                            type="permission_error")
         body = await read_json(request, state.max_body)
         new = params.generation(body, chat=False, default_max_tokens=None, defaults=state.settings.sampling).sampling
-        state.settings.sampling = {k: v for k, v in new.items() if k in body or k in state.settings.sampling}
+        given = set(body) | ({"mirostat_mode"} if "mirostat" in body else set())   # (llama-server's name)
+        state.settings.sampling = {k: v for k, v in new.items() if k in given or k in state.settings.sampling}
         return JSONResponse({"success": True})
     llm = state.llm if state.status == "ok" else None
     out = {"model_path": state.settings.model_path, "model_alias": state.model_id,

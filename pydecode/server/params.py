@@ -165,7 +165,7 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None, defaults:
         repeat_last_n=_window(_int(body, "repeat_last_n", d["repeat_last_n"], lo=-1)),
         presence_penalty=_number(body, "presence_penalty", d.get("presence_penalty", 0.0), lo=-2.0, hi=2.0),
         frequency_penalty=_number(body, "frequency_penalty", d.get("frequency_penalty", 0.0), lo=-2.0, hi=2.0),
-        seed=None if seed is None else seed % 2**64)
+        seed=None if seed is None else seed % 2**64, **_rare_stages(body, d))
 
     stop = body.get("stop")
     if stop is not None:
@@ -197,6 +197,19 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None, defaults:
     include_usage = _bool(opts or {}, "include_usage")
     return Generation(max_tokens, sampling, stop, logprobs, n, stream, include_usage,
                       _bool(body, "ignore_eos"), structure)
+
+
+def _rare_stages(body: dict, d: dict) -> dict:
+    """llama-server's typical_p, mirostat (0 off, 1, 2), mirostat_tau and mirostat_eta, and
+    llama-cpp-python's server's tfs_z, as SamplingParams' names. As llama.cpp, typical_p or tfs_z
+    >= 1 is off."""
+    def off_at_1(name):
+        return min(1.0, _number(body, name, d.get(name, 1.0), lo=0.0, hi=1e6, lo_open=True))
+
+    mode = _int(body, "mirostat", d.get("mirostat_mode", 0), lo=0, hi=2)
+    return dict(typical_p=off_at_1("typical_p"), tfs_z=off_at_1("tfs_z"), mirostat_mode=mode,
+                mirostat_tau=_number(body, "mirostat_tau", d.get("mirostat_tau", 5.0), lo=0.0, hi=1e6),
+                mirostat_eta=_number(body, "mirostat_eta", d.get("mirostat_eta", 0.1), lo=0.0, hi=1e6))
 
 
 def _window(n: int) -> int:
