@@ -296,12 +296,17 @@ def test_token_level_loop(smollm_path):
                 break
         return out
 
-    fresh, cached, loaded = make(), make(), make(logits_all=True)
+    fresh = make()
     try:
         toks = fresh.tokenize(b"The quick brown fox", add_bos=True, special=True)
         expected = gen(fresh, toks)
         assert expected == fresh.tokenize(fresh("The quick brown fox", max_tokens=3, temperature=0)["choices"][0]
                                           ["text"].encode(), add_bos=False)
+        reference = fresh._llm.model.prefill(toks).copy()
+    finally:
+        fresh.close()   # (one model less held at once: each instance is its own copy of the weights)
+    cached, loaded = make(), make(logits_all=True)
+    try:
         cached.eval(toks)
         assert cached.n_tokens == len(toks) and cached.input_ids[:len(toks)].tolist() == toks
         assert cached.sample(temp=0.0, idx=len(toks) - 1) == expected[0]
@@ -317,7 +322,7 @@ def test_token_level_loop(smollm_path):
         loaded.eval(toks)
         # logits_all: every position's logits, each one's sample()
         assert loaded.scores.shape[0] == 64
-        np.testing.assert_allclose(loaded.scores[len(toks) - 1], fresh._llm.model.prefill(toks), atol=1e-3)
+        np.testing.assert_allclose(loaded.scores[len(toks) - 1], reference, atol=1e-3)
         first = loaded.sample(temp=0.0, idx=0)
         assert first == int(np.argmax(loaded.scores[0]))
         with pytest.raises(ValueError, match="logits_all"):
@@ -343,7 +348,6 @@ def test_token_level_loop(smollm_path):
         with pytest.raises(Exception, match="n_ctx"):
             cached.eval(list(toks) * 40)
     finally:
-        fresh.close()
         cached.close()
         loaded.close()
 
@@ -370,10 +374,12 @@ def test_prompt_caches(smollm_path, tmp_path):
         return Llama(str(smollm_path), n_ctx=64, n_threads=2, verbose=False)
 
     for cache in (lc.LlamaRAMCache(), lc.LlamaDiskCache(str(tmp_path / "c"))):
-        fresh, writer, cached = make(), make(), make()
+        fresh = make()
+        toks = fresh.tokenize(b"The quick brown fox", add_bos=True, special=True)
+        expected = fresh.create_completion(toks, max_tokens=1, temperature=0.0, seed=1337)
+        fresh.close()
+        writer, cached = make(), make()
         try:
-            toks = fresh.tokenize(b"The quick brown fox", add_bos=True, special=True)
-            expected = fresh.create_completion(toks, max_tokens=1, temperature=0.0, seed=1337)
             writer.set_cache(cache)
             writer.create_completion(toks, max_tokens=1, temperature=0.0, seed=1337)
             assert toks in cache
@@ -384,7 +390,6 @@ def test_prompt_caches(smollm_path, tmp_path):
             got = cached.create_completion(toks, max_tokens=1, temperature=0.0, seed=1337)
             assert calls == [1] and got["choices"][0]["text"] == expected["choices"][0]["text"]
         finally:
-            fresh.close()
             writer.close()
             cached.close()
 
