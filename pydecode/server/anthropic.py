@@ -11,10 +11,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat.reasoning import ReasoningSplitter, opens_reasoning, split_reasoning
+from ..chat.reasoning import ReasoningSplitter, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _ended, _finished, begin, openai_generation, read_json, submit
+from .chat_route import rendered_prompt
 from .chat_tools import template_tools
 from .params import APIError, bad
 from .streams import EventStream, text_chunks
@@ -150,12 +151,7 @@ async def messages(request: Request) -> Response:
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
     plan = _tool_plan(llm, body, g)
     msgs, kwargs = _template_args(state, llm, body, chat, plan)
-    fmt = llm.reasoning_format if state.settings.reasoning_format != "none" else None
-    try:
-        ids = await run_in_threadpool(llm.chat_tokens, msgs, **kwargs)
-        opened = fmt is not None and opens_reasoning(await run_in_threadpool(llm.chat_prompt, msgs, **kwargs), fmt)
-    except (TemplateError, ValueError) as e:
-        raise APIError(400, f"messages: {e}", param="messages", code="invalid_messages") from None
+    ids, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages")
     handles = await submit(state, llm, [ids], g, "messages")
     tools = plan is not None
     msg_id, model = f"msg_{uuid.uuid4().hex}", body.get("model") or state.model_id

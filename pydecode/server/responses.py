@@ -12,10 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat.reasoning import ReasoningSplitter, opens_reasoning, split_reasoning
+from ..chat.reasoning import ReasoningSplitter, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _ended, _finished, begin, openai_generation, read_json, submit
+from .chat_route import rendered_prompt
 from .native import Progress, timings
 from .params import APIError, bad
 from .streams import EventStream, failure
@@ -112,12 +113,7 @@ async def responses(request: Request) -> Response:
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
     plan = tool_plan(llm, chat, g)   # function calls always parse (chat/tools.py)
     msgs, kwargs = _template_inputs(llm, chat, plan)
-    fmt = llm.reasoning_format if state.settings.reasoning_format != "none" else None
-    try:
-        ids = await run_in_threadpool(llm.chat_tokens, msgs, **kwargs)
-        opened = fmt is not None and opens_reasoning(await run_in_threadpool(llm.chat_prompt, msgs, **kwargs), fmt)
-    except (TemplateError, ValueError) as e:
-        raise APIError(400, f"input: {e}", param="input", code="invalid_messages") from None
+    ids, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "input")
     progress, extra = None, {}
     if g.stream and body.get("return_progress"):
         import asyncio
