@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import constraint as structured
 from ..errors import ContextFullError
+from ..generation import Hooks
 from ..sampling import Sampler, SamplingParams
 from .llama_cache import LlamaState, longest_token_prefix
 from .llama_grammar import structure_of
@@ -35,23 +36,6 @@ def sampling_params(temperature, top_k, top_p, min_p, typical_p, tfs_z, mirostat
                 mirostat_mode=mirostat_mode, mirostat_tau=float(mirostat_tau), mirostat_eta=float(mirostat_eta),
                 repeat_penalty=float(repeat_penalty), frequency_penalty=float(frequency_penalty),
                 presence_penalty=float(presence_penalty), repeat_last_n=repeat_last_n, seed=seed)
-
-
-def process_logits(processor, input_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """A logits processor (a callable, or a list of them applied in order, llama-cpp-python's
-    LogitsProcessorList) on a copy of the logits; its answer checked."""
-    x = logits.copy()
-    for f in (processor if isinstance(processor, (list, tuple)) else [processor]):
-        x = f(input_ids, x)
-        if not isinstance(x, np.ndarray) or x.shape != logits.shape or x.dtype.kind != "f":
-            raise TypeError(f"logits_processor {f!r} must return a float numpy array of shape {logits.shape}, "
-                            f"got {type(x).__name__}{getattr(x, 'shape', '')}")
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def should_stop(criteria, input_ids: np.ndarray, logits: np.ndarray) -> bool:
-    fs = criteria if isinstance(criteria, (list, tuple)) else [criteria]
-    return any(bool(f(input_ids, logits)) for f in fs)
 
 
 class TokenContext:
@@ -178,7 +162,9 @@ class TokenContext:
 
     def _choose(self, sampler, matcher, logits, n_before, logits_processor, penalize_nl) -> int:
         ids = self.input_ids[:n_before]
-        x = process_logits(logits_processor, ids, logits) if logits_processor is not None else logits.copy()
+        # (the Engine's hooks: the same checks of a processor's answer)
+        x = Hooks(logits_processor, None, ids, len(logits)).process(logits) if logits_processor is not None \
+            else logits.copy()
         recent = ids[-self.last_n_tokens_size:].tolist() if self.last_n_tokens_size else []
         if not penalize_nl:   # (the newline's logit left out of the penalties)
             nl = self.token_nl()
@@ -246,8 +232,8 @@ class TokenContext:
                 token = tok.eos_id if tok.eos_id is not None else next(iter(tok.eog_ids))
             else:
                 token = self._choose(sampler, matcher, logits, n_before, logits_processor, penalize_nl)
-            if stopping_criteria is not None and should_stop(stopping_criteria, self.input_ids[:self.n_tokens],
-                                                             logits):
+            if stopping_criteria is not None and \
+                    Hooks(None, stopping_criteria, self.input_ids[:self.n_tokens], len(logits)).stops(logits):
                 return
             more = yield token
             if self.n_tokens >= self._llm.n_ctx:
