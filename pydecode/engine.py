@@ -39,6 +39,7 @@ from .request import Handle, _Seq, _wake
 from .sampling import SamplingParams
 from .engine_state import SlotStates
 from . import constraint, speculative
+from . import slots as slots_mod
 
 
 class Engine(SlotStates):
@@ -99,7 +100,8 @@ class Engine(SlotStates):
                logprobs: int | None = None, on_prefill=None, draft_tokens: int | None = None,
                ignore_eos: bool = False, json_schema=None, regex: str | None = None, grammar: str | None = None,
                choices: list[str] | None = None, response_format: dict | None = None, slot: int | None = None,
-               logits_processor=None, stopping_criteria=None, **sampling) -> Handle:
+               logits_processor=None, stopping_criteria=None, context_shift: bool = False, n_keep: int = 0,
+               n_discard: int = 0, **sampling) -> Handle:
         """Queues a request (text or token ids) and returns its Handle. Sampling parameters as in
         LLM.generate (temperature, top_k, top_p, min_p, typical_p, tfs_z, mirostat_mode /
         mirostat_tau / mirostat_eta, penalties, repeat_last_n, seed, logit_bias), and its
@@ -117,7 +119,11 @@ class Engine(SlotStates):
         {"name", "schema", "strict"}}, or llama-cpp-python's {"type": "json_object", "schema": ...}).
         The output then always matches it; a bad one raises ValueError here. slot: run in this KV
         slot (waiting while it is in use), e.g. to reuse what it holds (llama-server's id_slot);
-        default: the free slot sharing the longest prefix with the prompt."""
+        default: the free slot sharing the longest prefix with the prompt.
+        context_shift: when the context is full, drop n_discard tokens (default: half of those
+        after the kept ones) after the first n_keep (-1: the whole prompt; a BOS is kept beyond
+        them) and go on, instead of ending (finish_reason "length"): llama-server's
+        --context-shift (see _shift); Completion.stats.shifted counts the tokens dropped."""
         m = self.model
         if slot is not None and (not _is_int(slot) or not 0 <= slot < m.n_seq):
             raise ValueError(f"slot must be an integer in 0..{m.n_seq - 1} (the sequence slots), got {slot!r}")
@@ -127,16 +133,24 @@ class Engine(SlotStates):
             raise ValueError(f"draft_tokens must be an integer in 0..{speculative.MAX_DRAFT} or None, got {draft_tokens!r}")
         m.check_file()
         ids = prompt_ids(m.tokenizer, prompt, m.n_vocab)
+        if not isinstance(context_shift, bool):
+            raise ValueError(f"context_shift must be a bool, got {context_shift!r}")
+        for name, v, low in (("n_keep", n_keep, -1), ("n_discard", n_discard, 0)):
+            if not _is_int(v) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
         params = SamplingParams(**sampling)
         g = constraint.grammar_of(json_schema, regex, grammar, choices, response_format)
         policy = TokenPolicy(m.tokenizer, m.n_vocab, m.n_ctx, ids, max_tokens, params, stop=stop,
                              logprobs=logprobs, ignore_eos=ignore_eos, logits_processor=logits_processor,
-                             stopping_criteria=stopping_criteria,
+                             stopping_criteria=stopping_criteria, context_shift=context_shift,
                              constraint=None if g is None else constraint.Constraint(
                                  m.tokenizer, m.n_vocab, constraint.compile_grammar(m.tokenizer, g)))
         s = _Seq(ids, policy)
         s.on_prefill = on_prefill
         s.want_slot = slot
+        if context_shift:   # (llama-server: -1 keeps the prompt; a BOS is kept beyond n_keep)
+            bos = int(n_keep >= 0 and m.tokenizer.bos_id is not None and ids[0] == m.tokenizer.bos_id)
+            s.shift = (len(ids) if n_keep < 0 else n_keep + bos, n_discard)
         s.pieces.extend(policy.start())   # what a constraint forces first
         if policy.completion is not None:   # ... may be the whole output (choices=["yes"])
             s.done = True
@@ -259,8 +273,11 @@ class Engine(SlotStates):
             s.t_admit = time.perf_counter()
             self._active.append(s)
             self._queue.popleft()
+        for s in list(self._active):
+            if s.shift is not None and len(s.kv) >= len(s.base) and len(s.kv) + len(_pending(s)) > self.model.n_ctx:
+                self._shift(s)
         items = []   # (seq, its tokens, logits rows it needs: 0, 1, or 1 + its drafts)
-        decoding = [s for s in self._active if len(s.kv) >= len(s.prompt)]
+        decoding = [s for s in self._active if len(s.kv) >= len(s.base)]
         room = self.model.n_batch - len(decoding)   # one token each is theirs
         for s in decoding:
             # The token it sampled last step, and the tokens a constraint forced after it (run
@@ -275,12 +292,38 @@ class Engine(SlotStates):
         for s in self._active:
             if budget <= 0:
                 break
-            if len(s.kv) < len(s.prompt):   # its prompt's next chunk (with the tokens forced after it)
+            if len(s.kv) < len(s.base):   # its prompt's next chunk (with the tokens forced after it)
                 pend = _pending(s)
                 toks = pend[:budget]
                 items.append((s, toks, int(len(toks) == len(pend))))
                 budget -= len(toks)
         return items
+
+    def _shift(self, s: _Seq) -> None:
+        """Under the lock: s's context is full (its next token has no position left). Drops
+        n_discard tokens after the first n_keep, and prefills the tokens after them again at their
+        new positions, in chunks like a prompt (the kept prefix keeps its K/V: causal attention
+        never let it see what came later). So the cache then holds exactly what a prompt of the
+        remaining tokens would, the cache-equals-recompute guarantee, at the cost of prefilling
+        about half the context again. (llama.cpp rotates the cached keys to their new positions
+        instead: cheaper, but the kept tokens' K/V then still carry what the dropped ones
+        contributed.) n_discard defaults to half of what follows n_keep; n_keep gives way
+        to the tokens not yet decoded (the last sampled one, any a constraint forced)."""
+        n_ctx, ctx, pend = self.model.n_ctx, s.context(), _pending(s)
+        if len(pend) >= n_ctx:   # a forced run longer than the context: nothing can be kept
+            s.pieces.extend(s.policy.end("length", f"context full ({n_ctx} positions): a forced run of "
+                                                   f"{len(pend)} tokens does not fit"))
+            self._retire(s)
+            return
+        n_keep, n_discard = s.shift
+        keep = min(n_keep, n_ctx - 4, n_ctx - len(pend))
+        left = len(ctx) - keep
+        drop = max(len(ctx) - n_ctx, min(n_discard or left // 2, left - len(pend)))
+        new = ctx[:keep] + ctx[keep + drop:]
+        s.base, s.gen_from = new[:len(new) - len(pend)], len(s.policy.tokens) - len(pend)
+        ring = slots_mod.ring_extra(self.model)
+        s.kv = s.kv[:slots_mod.reusable_prefix(s.kv, new, ring, max(0, s.written - len(s.kv)))]
+        s.policy.stats.shifted += drop
 
     @staticmethod
     def _layout(items):
@@ -376,7 +419,7 @@ class Engine(SlotStates):
                 s.kv += toks[:used]
                 s.policy.stats.positions_computed += len(toks)
                 results.append((s, pieces, None))
-                if s.on_prefill is not None and len(s.kv) <= len(s.prompt):
+                if s.on_prefill is not None and len(s.kv) <= len(s.prompt) and s.base is s.prompt:
                     try:
                         s.on_prefill(len(s.kv), len(s.prompt))
                     except Exception:
@@ -555,12 +598,12 @@ def _drive(engine_ref, cond) -> None:
 
 
 def _pending(s: _Seq) -> list[int]:
-    """The tokens a sequence knows but its slot does not hold yet: the rest of its prompt, then
-    its output's (the last sampled token, and any a constraint forced)."""
-    n = len(s.kv)
-    if n < len(s.prompt):
-        return s.prompt[n:] + s.policy.tokens
-    return s.policy.tokens[n - len(s.prompt):]
+    """The tokens a sequence knows but its slot does not hold yet: the rest of its prompt (or of
+    the context a shift kept), then its output's (the last sampled token, any a constraint forced)."""
+    n, base = len(s.kv), s.base
+    if n < len(base):
+        return base[n:] + s.policy.tokens[s.gen_from:]
+    return s.policy.tokens[s.gen_from + n - len(base):]
 
 
 def _release_leases(ledger, active: list) -> None:

@@ -10,6 +10,7 @@ and hands the next logits back here.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -46,6 +47,7 @@ class Stats:
                                      # comes first and is checked alone, constraint.py)
     mask_s: float = 0.0              # their compute time
     forced_tokens: int = 0           # tokens the constraint forced: run through the model, not sampled
+    shifted: int = 0                 # tokens context shifts dropped from the context (Engine._shift)
 
     @property
     def acceptance_rate(self) -> float:
@@ -249,7 +251,7 @@ class TokenPolicy:
 
     def __init__(self, tokenizer, n_vocab: int, n_ctx: int, prompt: list[int], max_tokens: int,
                  params: SamplingParams, stop=None, logprobs: int | None = None, ignore_eos: bool = False,
-                 constraint=None, logits_processor=None, stopping_criteria=None):
+                 constraint=None, logits_processor=None, stopping_criteria=None, context_shift: bool = False):
         if not prompt:
             raise ValueError("the prompt is empty (no tokens)")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -262,6 +264,8 @@ class TokenPolicy:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}")
         if constraint is not None and ignore_eos:
             raise ValueError("ignore_eos cannot be combined with structured output (the grammar decides where it ends)")
+        # A context that shifts (Engine._shift) is never full: max_tokens ends the generation.
+        n_ctx = sys.maxsize if context_shift else n_ctx
         self.tokenizer, self.n_ctx, self.max_tokens, self.logprobs = tokenizer, n_ctx, max_tokens, logprobs
         self.stops = StopStrings(stop)
         hooks = Hooks(logits_processor, stopping_criteria, prompt, n_vocab) \

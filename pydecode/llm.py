@@ -64,7 +64,8 @@ class LLM:
                choices: list[str] | None = None, response_format: dict | None = None,
                logit_bias: dict | None = None, typical_p: float = 1.0, tfs_z: float = 1.0,
                mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-               logits_processor=None, stopping_criteria=None) -> Handle:
+               logits_processor=None, stopping_criteria=None, context_shift: bool = False, n_keep: int = 0,
+               n_discard: int = 0) -> Handle:
         """Starts a generation and returns it as an iterator of Pieces (token, text): an Engine
         Handle. It can be ended with .cancel() (or dropped: that cancels it too); .completion
         holds the result once it has ended. Parameters as in generate(). A KeyboardInterrupt while
@@ -75,7 +76,8 @@ class LLM:
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             repeat_last_n=repeat_last_n, seed=seed, logit_bias=logit_bias, typical_p=typical_p, tfs_z=tfs_z,
             mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-            logits_processor=logits_processor, stopping_criteria=stopping_criteria), on_prefill, draft_tokens, dict(
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria, context_shift=context_shift,
+            n_keep=n_keep, n_discard=n_discard), on_prefill, draft_tokens, dict(
             json_schema=json_schema, regex=regex, grammar=grammar, choices=choices, response_format=response_format))
 
     def generate(self, prompt: str | list[int], max_tokens: int = 256, *, temperature: float = 0.0,
@@ -86,7 +88,8 @@ class LLM:
                  regex: str | None = None, grammar: str | None = None, choices: list[str] | None = None,
                  response_format: dict | None = None, logit_bias: dict | None = None, typical_p: float = 1.0,
                  tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
-                 mirostat_eta: float = 0.1, logits_processor=None, stopping_criteria=None) -> Completion:
+                 mirostat_eta: float = 0.1, logits_processor=None, stopping_criteria=None,
+                 context_shift: bool = False, n_keep: int = 0, n_discard: int = 0) -> Completion:
         """Generates a continuation of `prompt` (text or token ids).
 
         temperature=0 is greedy. The sampling chain: penalties (repeat_penalty, frequency_penalty,
@@ -108,6 +111,11 @@ class LLM:
         processor's answer of the wrong type or shape, ends the generation and reaches you.
         draft_tokens: with a drafter (load's `draft`), the most tokens it may propose per pass
         (0 turns speculative decoding off for this call); the output does not change.
+        context_shift=True: a full context no longer ends the generation: n_discard tokens
+        (default: half of those after the kept ones) after the first n_keep (-1: the whole
+        prompt; a BOS is always kept) are dropped, and the rest is prefilled again at its new
+        positions, so the cache still equals a recompute (llama-server's --context-shift;
+        Completion.stats.shifted counts the tokens dropped). max_tokens then ends it.
 
         Structured output (at most one): json_schema= (a dict or JSON string), regex=, grammar=
         (Lark, or llama.cpp's GBNF), choices=[...] (one of these strings), or response_format= as
@@ -124,7 +132,8 @@ class LLM:
                           grammar=grammar, choices=choices, response_format=response_format,
                           logit_bias=logit_bias, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                           mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                          logits_processor=logits_processor, stopping_criteria=stopping_criteria)
+                          logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                          context_shift=context_shift, n_keep=n_keep, n_discard=n_discard)
         try:
             return gen.result()
         except BaseException:

@@ -41,6 +41,16 @@ class _Seq:
         self.written = 0                       # positions its passes wrote (past kv: rejected drafts)
         self.spec_key = None                   # the kind of its last proposal (Tuner's key)
         self.waker = None                      # called (under the lock) when pieces arrive or it ends
+        # What its cache positions hold, in order: base, then policy.tokens[gen_from:]. base is the
+        # prompt until a context shift (Engine._shift) makes it the kept context; tokens of base
+        # past kv are prefilled in chunks like a prompt.
+        self.base, self.gen_from = prompt, 0
+        self.shift: tuple[int, int] | None = None   # context shift: (n_keep, n_discard); None: a full context ends it
+
+    def context(self) -> list[int]:
+        """The tokens its cache positions are for (the prompt and its output, less what context
+        shifts dropped)."""
+        return self.base + self.policy.tokens[self.gen_from:]
 
 
 def _abandon(engine_ref, s: _Seq) -> None:

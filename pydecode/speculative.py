@@ -370,7 +370,7 @@ def add_drafts(items, model, draft, costs: PassCosts):
     n_batch, and needs 1 + k rows. draft: "lookup" or a DraftModel. Called outside the engine's
     lock, before the model call."""
     spec = [i for i, (s, toks, n) in enumerate(items)
-            if n == 1 and len(toks) == 1 and s.draft_max and len(s.kv) >= len(s.prompt)]
+            if n == 1 and len(toks) == 1 and s.draft_max and len(s.kv) >= len(s.base)]
     # The first one-token steps run plain: what a pass costs is measured against them.
     if not spec or (len(items) == 1 and costs.seconds(1) is None):
         return items
@@ -392,7 +392,7 @@ def add_drafts(items, model, draft, costs: PassCosts):
     if not reqs:
         return items
     if draft != "lookup":
-        got = draft.propose_batch([(items[i][0].slot, items[i][0].prompt + items[i][0].policy.tokens, k)
+        got = draft.propose_batch([(items[i][0].slot, items[i][0].context(), k)
                                    for i, k in reqs])
         props = {i: p for (i, _), p in zip(reqs, got)}
         one = costs.seconds(1)

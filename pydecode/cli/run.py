@@ -36,6 +36,11 @@ def stats_dict(c) -> dict:
 @common.sampling_options
 @common.structure_options
 @click.option("--stop", multiple=True, help="Stop at this text (not printed). Repeatable.")
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+              help="When the context is full, drop the older half of it (after --keep tokens) and go on "
+                   "(llama-cli's --context-shift) instead of ending.")
+@click.option("--keep", type=click.IntRange(min=-1), default=0, show_default=True,
+              help="Tokens at the start a context shift keeps (-1: the whole prompt).")
 @click.option("--chat", "as_chat", is_flag=True,
               help="Wrap the prompt in the model's chat template, as a user message.")
 @click.option("-s", "--system", default=None, help="System prompt (implies --chat).")
@@ -43,8 +48,8 @@ def stats_dict(c) -> dict:
               help="Print one JSON object (text, tokens, finish_reason, stop_detail, stats) and nothing else.")
 @common.runtime_options
 @click.option("--stats/--no-stats", default=True, show_default=True, help="Print timing to stderr.")
-def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system, as_json, threads, n_ctx, isa,
-        draft, kv_type, prompt_cache, stats, **kw):
+def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, context_shift, keep, as_chat, system, as_json,
+        threads, n_ctx, isa, draft, kv_type, prompt_cache, stats, **kw):
     """Stream the continuation of PROMPT to stdout: `pydecode run [MODEL] PROMPT` or -p PROMPT.
 
     Greedy by default (the same text every run); --temp and the other sampler flags sample."""
@@ -61,6 +66,8 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
         llm = common.load_llm(path, n_ctx, threads, isa, draft=draft, kv_type=kv_type)
         common.restore_prompt_cache(llm, prompt_cache)
         sampling.update(common.resolve_structure(kw, llm))
+        if context_shift:
+            sampling.update(context_shift=True, n_keep=keep)
         if as_chat or system is not None:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                        [{"role": "user", "content": prompt}]
@@ -89,5 +96,6 @@ def run(model, model_arg, prompt_arg, prompt, max_tokens, stop, as_chat, system,
                        f"{s.generated_tokens} generated: {s.decode_tokens_per_s:.1f} t/s | ttft {_ms(s.ttft_s)} | "
                        + (f"drafts {s.accepted_tokens}/{s.draft_tokens} accepted, {s.tokens_per_pass:.2f} tokens/pass | "
                           if s.draft_tokens else "") +
+                       (f"context shifts dropped {s.shifted} tokens | " if s.shifted else "") +
                        f"{llm.model.n_threads} threads, {llm.model.isa} | finish: {finish}]", err=True)
     sys.exit(130 if c.finish_reason == "cancelled" else 0)     # 130: stopped by Ctrl-C

@@ -136,14 +136,23 @@ def openai_generation(state: ServerState, llm, body: dict, chat: bool, default_m
     return g
 
 
+def shift_of(state: ServerState, g: params.Generation) -> dict:
+    """Engine.submit's context-shift keywords: under --context-shift, the request's n_keep
+    (default --keep) and n_discard (default 0: half), as llama-server reads them."""
+    if not state.settings.context_shift:
+        return {}
+    return dict(context_shift=True, n_keep=g.shift.get("n_keep", state.settings.keep),
+                n_discard=g.shift.get("n_discard", 0))
+
+
 async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Generation, what: str,
                  extra: dict | None = None) -> list:
     """Queues n sequences per prompt; on any refusal, none stays queued. The grammar (if any)
     is converted and checked first, off the event loop (it may take seconds). extra: more
     Engine.submit keywords (slot, on_prefill)."""
     e = llm.engine
-    for ids in prompts:   # a prompt must leave room for a token (llama-server's check, its error's shape)
-        if len(ids) >= llm.n_ctx and not state.settings.context_shift:
+    for ids in prompts:   # a prompt must leave room for a token (llama-server's check, its error's
+        if len(ids) >= llm.n_ctx:   # shape; a context shift only ever drops generated context)
             raise APIError.context_exceeded(len(ids), llm.n_ctx, what)
     wanted, room = len(prompts) * g.n, e.max_seqs + (e.max_queue if e.max_queue is not None else 1 << 62)
     if wanted > room:   # a 429 would never turn into a success
@@ -158,7 +167,8 @@ async def submit(state: ServerState, llm, prompts: list[list[int]], g: params.Ge
             max_tokens = g.max_tokens or llm.n_ctx   # no limit given: the full context ends it
             for i in range(g.n):
                 handles.append(e.submit(ids, max_tokens, stop=g.stop, logprobs=g.logprobs,
-                                        ignore_eos=g.ignore_eos, **structure, **(extra or {}),
+                                        ignore_eos=g.ignore_eos, **structure, **shift_of(state, g),
+                                        **(extra or {}),
                                         **{**g.sampling, "seed": g.seed(i)}))
     except BaseException as err:
         _cancel(handles)

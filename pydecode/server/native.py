@@ -129,6 +129,11 @@ def stop_type(c) -> tuple[str, str]:
     return ("limit", "") if c.finish_reason == "length" else ("none", "")
 
 
+def truncated(c) -> bool:
+    """llama-server's "truncated": a context shift dropped tokens, or the full context ended it."""
+    return bool(c.stats.shifted) or c.stop_detail.startswith("context full")
+
+
 def settings_json(state, llm, g: params.Generation | None) -> dict:
     """generation_settings: the sampling a request ran with (or the defaults, for /props)."""
     s = dict(params.generation({}, chat=False, default_max_tokens=None, defaults=state.settings.sampling).sampling)
@@ -147,6 +152,8 @@ def settings_json(state, llm, g: params.Generation | None) -> dict:
             "stop": list(g.stop or []) if g is not None else [], "n_probs": (g.logprobs or 0) if g else 0,
             "ignore_eos": bool(bias) and all(t in bias for t in llm.tokenizer.eog_ids),
             "logit_bias": [{"token": t, "bias": None if v == -math.inf else v} for t, v in bias.items()],
+            "n_keep": g.shift.get("n_keep", state.settings.keep) if g is not None else state.settings.keep,
+            "n_discard": g.shift.get("n_discard", 0) if g is not None else 0,
             "n_ctx": llm.n_ctx, "model": state.model_id, "stream": bool(g and g.stream),
             "samplers": _samplers(s)}
 
@@ -190,7 +197,7 @@ def final_json(state, llm, h, g, body: dict, pieces, prompt_text: str | None, k:
            "tokens_predicted": len(c.tokens), "tokens_evaluated": c.stats.prompt_tokens,
            "generation_settings": settings_json(state, llm, g),
            "prompt": prompt_text if prompt_text is not None else llm.detokenize(h.prompt),
-           "has_new_line": "\n" in c.text, "truncated": bool(getattr(c.stats, "shifted", 0)),
+           "has_new_line": "\n" in c.text, "truncated": truncated(c),
            "stop_type": kind, "stopping_word": word, "tokens_cached": c.stats.prompt_tokens + len(c.tokens),
            "timings": timings(c)}
     if g.logprobs is not None:

@@ -10,7 +10,7 @@ never silently dropped.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_N = 16              # choices per request (n)
 MAX_STOPS = 16          # stop strings per request (OpenAI allows 4)
@@ -114,6 +114,7 @@ class Generation:
     include_usage: bool
     ignore_eos: bool
     structure: dict                # LLM.stream's structured-output keywords (response_format, ...)
+    shift: dict = field(default_factory=dict)   # the request's n_keep / n_discard, if given (app.shift_of)
 
     def seed(self, i: int) -> int | None:
         """Choice i's seed: the request's + i, so that n choices differ and each is reproducible."""
@@ -195,8 +196,9 @@ def generation(body: dict, chat: bool, default_max_tokens: int | None, defaults:
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options", f"must be an object, got {opts!r}")
     include_usage = _bool(opts or {}, "include_usage")
+    shift = {k: _int(body, k, None, lo=lo) for k, lo in (("n_keep", -1), ("n_discard", 0)) if body.get(k) is not None}
     return Generation(max_tokens, sampling, stop, logprobs, n, stream, include_usage,
-                      _bool(body, "ignore_eos"), structure)
+                      _bool(body, "ignore_eos"), structure, shift)
 
 
 def _rare_stages(body: dict, d: dict) -> dict:
