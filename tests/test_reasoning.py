@@ -24,6 +24,7 @@ THINK_TEXT = "<think>\nThe user asks 2+2.\n\nThat is 4.\n</think>\n\nIt is **4**
 HARMONY_TEXT = ("<|channel|>analysis<|message|>User asks 2+2. Answer 4.<|end|>"
                 "<|start|>assistant<|channel|>final<|message|>It is 4.")
 
+CALL_TEXT = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}"
 CASES = [
     # (format, opened, generated text, reasoning, answer)
     (THINK, False, THINK_TEXT, "The user asks 2+2.\n\nThat is 4.", "It is **4**."),
@@ -39,8 +40,11 @@ CASES = [
     (HARMONY, False, "<|channel|>analysis<|message|>thinking, cut", "thinking, cut", ""),
     (HARMONY, False, "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
                      "<|start|>assistant<|channel|>final<|message|>c", "ab", "c"),
+    # a tool call is not reasoning: handed on, in one spelling, for chat/tools.py's harmony syntax
     (HARMONY, False, "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}",
-     "", "{\"city\": \"Oslo\"}"),                                           # a tool call is not reasoning
+     "", CALL_TEXT),
+    (HARMONY, False, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather"
+                     "<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}", "Need weather.", CALL_TEXT),
     (HARMONY, False, "plain text from a confused model", "", "plain text from a confused model"),
     (None, False, "<think>not a reasoning model</think>", "", "<think>not a reasoning model</think>"),
     (CHANNEL, False, "<|channel>thought\nThe user asks 2+2.<channel|>It is 4.", "The user asks 2+2.", "It is 4."),

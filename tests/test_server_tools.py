@@ -123,3 +123,43 @@ def test_responses_function_calls(srv):
     assert [o["type"] for o in final["output"]] == [o["type"] for o in b["output"]]
     r = post(srv, "/v1/responses", {**body, "tools": [{"type": "web_search"}]})
     assert r.status_code == 400 and "web_search" in r.text
+
+
+TEMPLATES = __import__("pathlib").Path(__file__).resolve().parent / "data" / "chat-templates"
+
+
+@pytest.fixture(scope="module", params=["openai-gpt-oss-120b", "meetkai-functionary-medium-v3.1",
+                                        "ibm-granite-granite-3.3-2B-Instruct"])
+def templated(request):
+    """The same model under the templates of the syntaxes that write calls their own way:
+    gpt-oss's harmony (the call is a message to functions.NAME), Functionary v3.1's
+    <function=NAME>, Granite 3.3's <|tool_call|>[...]."""
+    s = Server("-c", "2048", "-t", "2", "--temp", "0",
+               "--chat-template-file", str(TEMPLATES / f"{request.param}.jinja")).wait_ready()
+    yield s
+    assert s.stop() == 0, "".join(s.lines)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_in_each_templates_own_syntax(templated, stream):
+    body = {"model": "x", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60,
+            "stream": stream}
+    r = post(templated, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    if not stream:
+        ch = r.json()["choices"][0]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in ch["message"]["tool_calls"]]
+        assert ch["finish_reason"] in ("tool_calls", "length") and not ch["message"]["content"]
+    else:
+        got = {}
+        for e in events(r):
+            for t in (e["choices"][0]["delta"].get("tool_calls") or []) if e.get("choices") else []:
+                if "id" in t:
+                    got[t["index"]] = [t["function"]["name"], ""]
+                got[t["index"]][1] += t["function"].get("arguments", "")
+            if e.get("choices"):
+                assert not e["choices"][0]["delta"].get("content")   # the call's text is not content
+        calls = list(map(tuple, got.values()))
+    assert calls
+    for name, args in calls:
+        valid(name, args)

@@ -8,6 +8,8 @@ import random
 import jsonschema
 import pytest
 
+from pathlib import Path
+
 import pydecode
 from pydecode import Llama, constraint
 from pydecode.chat import tools as tc
@@ -26,6 +28,7 @@ ADD = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What's the weather like in Paris? And what is 2 + 3?"}]
+TEMPLATES = Path(__file__).resolve().parent / "data" / "chat-templates"   # llama.cpp's (MIT, data/LICENSE.ggml)
 
 
 def check_calls(calls, only=None):
@@ -70,6 +73,13 @@ def test_call_format_of_templates():
     assert tc.call_format("[TOOL_CALLS] {{ x }}") == "mistral"
     assert tc.call_format("<|python_tag|>") == "llama3"
     assert tc.call_format("{{ messages }}") is None
+    real = {"openai-gpt-oss-120b": "harmony", "meetkai-functionary-medium-v3.1": "functionary",
+            "ibm-granite-granite-3.3-2B-Instruct": "granite", "ibm-granite-granite-4.0": "hermes",
+            "meta-llama-Llama-3.1-8B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+            "Qwen-Qwen2.5-7B-Instruct": "hermes",
+            "ByteDance-Seed-OSS": None}   # (its <function=...><parameter=...> XML is not functionary's JSON)
+    for name, fmt in real.items():
+        assert tc.call_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt, name
 
 
 # ---------------------------------------------------------------- parsing, whole and streamed
@@ -88,6 +98,18 @@ ANSWERS = [   # (syntax, answer, text outside the calls, [(name, arguments)])
     ("llama3", '{"name":"get_weather","parameters":{"city":"Rome","unit":"c"}}', "",
      [("get_weather", {"city": "Rome", "unit": "c"})]),
     ("llama3", "Rome is sunny.", "Rome is sunny.", []),
+    ("granite", '<|tool_call|>[{"name":"add","arguments":{"a":1,"b":2}},{"name":"get_weather","arguments":'
+                '{"city":"Lima"}}]', "", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Lima"})]),
+    ("granite", "No tools needed.", "No tools needed.", []),
+    ("functionary", 'Checking.<function=get_weather>{"city":"Kyiv"}</function><function=add>{"a":2,"b":3}'
+                    '</function>', "Checking.", [("get_weather", {"city": "Kyiv"}), ("add", {"a": 2, "b": 3})]),
+    ("functionary", "<function broken=1> stays text", "<function broken=1> stays text", []),
+    ("harmony", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}', "",
+     [("get_weather", {"city": "Oslo"})]),
+    ("harmony", "<|channel|>analysis<|message|>Need the sum.<|end|><|start|>assistant<|channel|>commentary "
+                'to=functions.add <|constrain|>json<|message|>{"a":2,"b":{"x":1}}',
+     "<|channel|>analysis<|message|>Need the sum.<|end|><|start|>assistant", [("add", {"a": 2, "b": {"x": 1}})]),
+    ("harmony", "It is sunny.", "It is sunny.", []),
 ]
 
 
@@ -169,7 +191,7 @@ def _walk(tok, n_vocab, g, prefix, rng, steps, only):
             return
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3"])
+@pytest.mark.parametrize("fmt", list(tc.SYNTAXES))
 @pytest.mark.parametrize("choice", ["required", "fn:add", "auto"])
 def test_a_call_cut_anywhere_closes_into_valid_calls(smol, fmt, choice):
     tok, n_vocab = smol.tokenizer, smol.model.n_vocab
@@ -278,3 +300,37 @@ def test_calls_in_batched_steps_and_with_prompt_lookup():
         one = tc.plan(llm.tokenizer, llm.template, TOOLS, "required", parallel=False)
         for c in llm.generate_batch([ids] * 3, 120, grammar=one.grammar, temperature=1.0, seed=3):
             assert len(one.parse(c.text)[1]) == 1
+
+
+def test_harmony_calls_on_gpt_oss_vocabulary(tmp_path):
+    """gpt-oss's own vocabulary (o200k, its harmony markers shown as text, <|call|> an end of
+    generation): a tiny random-weight gpt-oss under its template calls through harmony, the
+    call parses whole and streamed, and a cut one closes."""
+    import dataclasses
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("synthetic", Path(__file__).resolve().parents[1] / "bench" / "synthetic.py")
+    synthetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synthetic)
+    shape = dataclasses.replace(synthetic.SHAPES["gpt-oss-20b"], n_embd=96, n_ff=96, n_ff_exp=96, n_head=4,
+                                n_head_kv=2, head_dim=64, n_expert=4, n_expert_used=2)
+    path = synthetic.write(shape, "q8_0", tmp_path / "gpt-oss.gguf", layers=1)
+    template = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    llm = Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
+    llm._llm.chat_template = template
+    try:
+        tok = llm._llm.tokenizer
+        assert tok.eog_ids & set(tok.encode("<|call|>", add_special=False, parse_special=True))
+        for max_tokens in (24, 60):   # cut by max_tokens: the call still closes and parses
+            r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=max_tokens)
+            calls = r["choices"][0]["message"]["tool_calls"]
+            assert calls
+            check_calls(calls)
+        rng = random.Random(3)
+        for choice in ("required", "auto"):
+            g = tc.tool_grammar(tok, TOOLS, "harmony", choice)
+            constraint.compile_grammar(tok, g)
+            prefix = "<|channel|>analysis<|message|>Weather.<|end|><|start|>assistant" + tc.SYNTAXES["harmony"].trigger \
+                if choice == "auto" else ""
+            _walk(tok, llm._llm.model.n_vocab, g, prefix, rng, 30, None)
+    finally:
+        llm.close()

@@ -9,8 +9,11 @@ and its answer, for the formats the templates of today's reasoning models use.
   and the channel's name first.
 - "harmony" (OpenAI gpt-oss): messages `<|channel|>NAME<|message|>BODY` closed by `<|end|>`,
   each after the next `<|start|>assistant`; the `analysis` channel is the reasoning, `final`
-  (and `commentary`: preambles, tool calls) the answer. `<|return|>` / `<|call|>` end the
-  generation (tokenizer EOG ids), so they never reach the text.
+  (and `commentary`: preambles) the answer. A message to a function (`to=functions.NAME` in
+  its header or after `<|start|>assistant`) is a tool call: it is handed on as content in one
+  spelling, `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS`, which
+  chat/tools.py's harmony syntax reads. `<|return|>` / `<|call|>` end the generation (tokenizer
+  EOG ids), so they never reach the text.
 
 The markers are in the text because the tokenizer shows them (user-defined tokens: Qwen3's
 <think>, Gemma 4's <|channel>, and harmony's markers as llama.cpp retypes them, see
@@ -101,6 +104,7 @@ class ReasoningSplitter:
         else:
             self._state = "content"
         self._channel = ""           # harmony: the header's text (channel name, recipient)
+        self._role = ""              # harmony: the text after <|start|> (the role, a recipient)
         self._lead = True            # at the start of a reasoning / answer: drop newlines
 
     # ---- public
@@ -165,11 +169,16 @@ class ReasoningSplitter:
             self._state, self._channel = "header", ""
         elif marker == _H_MESSAGE:
             if self._state in ("header", "start"):
+                to = next((w[3:] for w in (self._role + " " + self._channel).split() if w.startswith("to=functions.")),
+                          None)
+                if to is not None:       # a tool call (see the module docstring)
+                    self._state = "call"
+                    return self._emit(CONTENT, f"{_H_CHANNEL}commentary to={to} {_H_CONSTRAIN}json{_H_MESSAGE}")
                 self._state = "reasoning" if self._channel.split()[:1] == ["analysis"] else "content"
                 self._lead = True
                 self._held_newlines = ""
         elif marker == _H_START:
-            self._state, self._channel = "role", ""
+            self._state, self._channel, self._role = "role", "", ""
         elif marker in (_H_END, _H_RETURN, _H_CALL):
             self._held_newlines = ""
             self._state = "between"
@@ -187,7 +196,11 @@ class ReasoningSplitter:
         if state in ("header", "role"):
             if state == "header":
                 self._channel += s
+            else:
+                self._role += s
             return []
+        if state == "call":
+            return self._emit(CONTENT, s)
         if state == "between":           # between harmony messages: nothing is shown
             return []
         if state == "start":

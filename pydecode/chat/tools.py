@@ -10,11 +10,17 @@ tools: free text until the call syntax begins (tool_choice "auto"), or a call at
               system message, `instructions`)
              <tool_call>\\n{"name":"f","arguments":{...}}\\n</tool_call>   (repeated: parallel calls)
     mistral  [TOOL_CALLS][{"name":"f","arguments":{...}}, ...]
+    granite  <|tool_call|>[{"name":"f","arguments":{...}}, ...]          (Granite 3.x)
     llama3   {"name":"f","parameters":{...}}                            (the whole answer)
+    functionary  <function=f>{...}</function>                           (Functionary v3.1)
+    harmony  <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
+             (gpt-oss; <|call|>, an end-of-generation token, ends it; reasoning.py hands the
+             call message on as this text)
 
+The last two write the name outside the JSON (`Syntax.named`): the JSON is the arguments.
 `Syntax` holds each one's fixed text once; the grammar (`tool_grammar`), the closer that keeps
 a cut call parseable within max_tokens (`FramedCloser`, read by budget.py), the parser of a
-finished answer (`parse_tool_calls`) and the streaming one (`ToolStream`) all read it.
+finished answer and the streaming one (chat/tool_parse.py) all read it.
 """
 from __future__ import annotations
 
@@ -37,13 +43,19 @@ class Syntax:
     array: bool       # the calls are one JSON array (mistral)
     bare: bool = False  # with tool_choice auto, an answer that is one call's bare JSON is a call
                         # too (how small Qwens often answer, leaving out the tags)
+    named: str | None = None   # the name is written before the JSON, then this text (the JSON is
+                               # then the arguments alone); None: the name is inside the JSON
 
 
 SYNTAXES = {
     "hermes": Syntax("hermes", "<tool_call>", "\n", "\n</tool_call>", "\n<tool_call>\n", "arguments", False,
                      bare=True),
     "mistral": Syntax("mistral", "[TOOL_CALLS]", "", "", None, "arguments", True),
+    "granite": Syntax("granite", "<|tool_call|>", "", "", None, "arguments", True),
     "llama3": Syntax("llama3", "", "", "", None, "parameters", False),
+    "functionary": Syntax("functionary", "<function=", "", "</function>", "<function=", "", False, named=">"),
+    "harmony": Syntax("harmony", "<|channel|>commentary to=functions.", "", "", None, "", False,
+                      named=" <|constrain|>json<|message|>"),
 }
 
 
@@ -51,10 +63,18 @@ def call_format(template: str | None) -> str | None:
     """Which tool-call syntax a chat template teaches (None: none; hermes is then used, taught
     by `instructions`)."""
     template = template or ""
+    if "<|channel|>" in template and "to=" in template and "functions." in template:
+        return "harmony"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "<|tool_call|>" in template:
+        return "granite"
+    if "<function=" in template and "<parameter=" not in template:
+        # Functionary v3.1 (before llama3: its template has <|python_tag|> too); Seed-OSS's and
+        # Qwen3-Coder's <function=...><parameter=...> XML calls are not this syntax
+        return "functionary"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3"
     return None
@@ -124,13 +144,23 @@ def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "a
     from ..constraint import Grammar, _llguidance
     syntax = SYNTAXES[fmt or "hermes"]
     only = choice[3:] if choice.startswith("fn:") else None
-    one = _call_schema(tools, syntax, only)
-    if syntax.array:
-        schema = {"type": "array", "items": one, "minItems": 1, **({} if parallel and not only else {"maxItems": 1})}
+    guidance = {"x-guidance": {"whitespace_flexible": False, "lenient": True}}
+    params = None
+    if syntax.named is not None:   # one branch per function: its name, then its arguments' JSON
+        params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools
+                  if only is None or t["function"]["name"] == only}
+        schema = {"anyOf": list(params.values())}
+        body = "\n".join([f"body: {' | '.join(f'fn{i}' for i in range(len(params)))}"] + [
+            f"fn{i}: {_lit(name + syntax.named)} args{i}\nargs{i}: %json {json.dumps({**p, **guidance}, ensure_ascii=False)}"
+            for i, (name, p) in enumerate(params.items())])
     else:
-        schema = one
-    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "lenient": True}}
-    body = f"body: %json {json.dumps(schema, ensure_ascii=False)}"
+        one = _call_schema(tools, syntax, only)
+        if syntax.array:
+            schema = {"type": "array", "items": one, "minItems": 1, **({} if parallel and not only else {"maxItems": 1})}
+        else:
+            schema = one
+        schema = {**schema, **guidance}
+        body = f"body: %json {json.dumps(schema, ensure_ascii=False)}"
     call = f'body {_lit(syntax.close)}' if syntax.close else "body"
     calls = f"{_lit(syntax.open)} {call}" if syntax.open else call
     if syntax.sep is not None and parallel and not only:
@@ -155,7 +185,7 @@ def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "a
     g = Grammar(_llguidance().LLMatcher.grammar_from_lark(lark),
                 f"tool calls ({syntax.name}, tool_choice {choice.replace('fn:', 'function ')})")
     g.schema = schema
-    g.frame = (syntax, free, parallel and not only)
+    g.frame = (syntax, free, parallel and not only, params)
     return g
 
 
@@ -163,15 +193,18 @@ class FramedCloser:
     """JsonCloser's interface (feed, closing, snapshot, restore) for a tool-call answer: the text
     around the calls (what the syntax fixes) is followed here, each call's JSON by a JsonCloser.
     Phases: "text" (free text; the trigger starts the calls), "lit" (fixed text `rest` before
-    `then`: "json" or "after"), "json", "after" (a call complete: the answer may end, or, in
+    the call's JSON, or after it), "name" (a named syntax's function name and the text after
+    it, so far in `tail`), "json", "after" (a call complete: the answer may end, or, in
     parallel, the separator begins another)."""
 
     def __init__(self, schema, frame):
-        self.syntax, free, self.parallel = frame
-        self._proto = JsonCloser(schema)   # (a fresh call's closer is a copy: schemas resolved once)
-        self._short = self._proto.closing()
+        self.syntax, free, self.parallel, params = frame
+        # (a fresh call's closer is a copy: schemas resolved once); named syntaxes: per function
+        self._protos = {n: JsonCloser(p) for n, p in params.items()} if params is not None else \
+            {None: JsonCloser(schema)}
+        self._shorts = {n: jc.closing() for n, jc in self._protos.items()}
         s = self.syntax
-        self.json = None
+        self.json, self.fn = None, None
         self.tail = ""
         self.broken = self.bare = False
         if not free:
@@ -183,21 +216,30 @@ class FramedCloser:
         if self.phase == "lit" and not self.rest:
             self._begin()
 
-    def _fresh(self, snap=None) -> JsonCloser:
+    def _fresh(self, fn, snap=None) -> JsonCloser:
+        proto = self._protos[fn]
         jc = JsonCloser.__new__(JsonCloser)
-        jc.schemas = self._proto.schemas
-        jc.restore(snap if snap is not None else self._proto.snapshot())
+        jc.schemas = proto.schemas
+        jc.restore(snap if snap is not None else proto.snapshot())
         return jc
 
-    def _begin(self) -> None:
-        self.phase, self.rest, self.json = "json", "", self._fresh()
+    def _begin(self, fn=None) -> None:
+        self.phase, self.rest, self.fn = "json", "", fn
+        self.json = self._fresh(fn)
+
+    def _opened(self) -> None:
+        """The text before a call is complete: its JSON begins, or (named) its name."""
+        if self.syntax.named is not None:
+            self.phase, self.tail = "name", ""
+        else:
+            self._begin()
 
     def snapshot(self):
-        return self.phase, self.rest, self.tail, self.broken, self.bare, self.json and self.json.snapshot()
+        return self.phase, self.rest, self.tail, self.broken, self.bare, self.fn, self.json and self.json.snapshot()
 
     def restore(self, snap) -> None:
-        self.phase, self.rest, self.tail, self.broken, self.bare, js = snap
-        self.json = None if js is None else self._fresh(js)
+        self.phase, self.rest, self.tail, self.broken, self.bare, self.fn, js = snap
+        self.json = None if js is None else self._fresh(self.fn, js)
 
     def feed(self, text: str) -> None:
         for ch in text:
@@ -221,7 +263,7 @@ class FramedCloser:
             if self.tail == s.trigger:
                 self.phase, self.rest = "lit", s.open
                 if not self.rest:
-                    self._begin()
+                    self._opened()
         elif self.phase == "lit":
             if ch != self.rest[0]:
                 self.broken = True
@@ -231,7 +273,14 @@ class FramedCloser:
                 if self.json is not None and self.json.complete:
                     self.phase = "after"
                 else:
-                    self._begin()
+                    self._opened()
+        elif self.phase == "name":
+            self.tail += ch
+            done = next((n for n in self._protos if n + s.named == self.tail), None)
+            if done is not None:
+                self._begin(done)
+            elif not any((n + s.named).startswith(self.tail) for n in self._protos):
+                self.broken = True
         elif self.phase == "json":
             self.json.feed(ch)
             if self.json.complete:
@@ -243,6 +292,20 @@ class FramedCloser:
             else:
                 self.broken = True
 
+    def _shortest_call(self, typed: str = "") -> str | None:
+        """The shortest rest of a call whose name-and-JSON text so far is `typed` (named
+        syntaxes: the name and the text after it; else nothing), its closing text included."""
+        named = self.syntax.named
+        best = None
+        for n, short in self._shorts.items():
+            head = (n + named) if named is not None else ""
+            if short is None or not head.startswith(typed):
+                continue
+            text = head[len(typed):] + short + self.syntax.close
+            if best is None or len(text) < len(best):
+                best = text
+        return best
+
     def closing(self) -> str | None:
         if self.broken:
             return None
@@ -251,9 +314,12 @@ class FramedCloser:
         if self.phase == "json":
             tail = self.json.closing()
             return None if tail is None else tail + ("" if self.bare else self.syntax.close)
+        if self.phase == "name":
+            return self._shortest_call(self.tail)
         if self.json is not None and self.json.complete:   # the close after a call
             return self.rest
-        return None if self._short is None else self.rest + self._short + self.syntax.close
+        short = self._shortest_call()
+        return None if short is None else self.rest + short
 
 
 class ToolPlan:
@@ -309,156 +375,4 @@ def finish_reason(finish: str, completion, calls: int) -> str:
     return "tool_calls"
 
 
-# ---------------------------------------------------------------- reading calls back
-
-def _call(obj, names) -> dict | None:
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(name, str) or name not in names:
-        return None
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return {"id": new_id(), "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-
-
-def new_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
-def parse_tool_calls(text: str, fmt: str | None, names) -> tuple[str, list[dict]]:
-    """(the text outside the calls, the calls) of a finished answer, in OpenAI's tool_calls
-    shape. Only calls of the offered tools (names) count; anything else stays text."""
-    calls: list[dict] = []
-    if fmt in (None, "hermes") or "<tool_call>" in text:
-        rest = text
-        for m in _HERMES.finditer(text):
-            try:
-                c = _call(json.loads(m.group(1)), names)
-            except ValueError:
-                c = None
-            if c is not None:
-                calls.append(c)
-                rest = rest.replace(m.group(0), "", 1)
-        if calls:
-            return rest.strip(), calls
-    body = text.strip()
-    head, _, after = body.partition("[TOOL_CALLS]")
-    if fmt == "mistral" and after:
-        body = after.strip()
-    else:
-        head = ""
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):].strip()
-    if body[:1] in ("[", "{"):
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return text, []
-        for o in obj if isinstance(obj, list) else [obj]:
-            c = _call(o, names)
-            if c is not None:
-                calls.append(c)
-        if calls:
-            return head.strip(), calls
-    return text, []
-
-
-_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","(?:arguments|parameters)":')
-
-
-class ToolStream:
-    """The streaming side of parse_tool_calls, for answers made under tool_grammar (compact JSON,
-    name first): `feed(text)` returns deltas, in order:
-
-        ("content", text)                 text before the calls (a possible start of the
-                                          trigger is held back until it is decided)
-        ("call", index, id, name)         a call begins: its name is known
-        ("args", index, fragment)         its arguments' JSON, piece by piece
-    """
-
-    def __init__(self, fmt: str | None):
-        self.syntax = SYNTAXES[fmt or "hermes"]
-        self.mode = "first" if not self.syntax.trigger or self.syntax.bare else "text"
-        self.buf = ""          # text held back (a possible trigger) / a call's head so far
-        self.index = -1
-        self.depth, self.instr, self.esc = 0, False, False
-
-    @property
-    def calls(self) -> int:
-        return self.index + 1
-
-    def feed(self, text: str) -> list[tuple]:
-        out: list[tuple] = []
-        for ch in text:
-            self._char(ch, out)
-        merged: list[tuple] = []
-        for d in out:                      # one delta per kind and call, not one per character
-            if merged and d[0] in ("content", "args") and merged[-1][0] == d[0] and merged[-1][1:-1] == d[1:-1]:
-                merged[-1] = merged[-1][:-1] + (merged[-1][-1] + d[-1],)
-            else:
-                merged.append(d)
-        return merged
-
-    def finish(self) -> list[tuple]:
-        """The text still held back when the answer ends (a trigger's start that stayed text)."""
-        out, self.buf = ([("content", self.buf)] if self.mode == "text" and self.buf else []), ""
-        return out
-
-    def _char(self, ch: str, out: list) -> None:
-        trig = self.syntax.trigger
-        if self.mode == "first":            # "{" first: a bare call (see Syntax.bare)
-            self.mode = "seek" if ch == "{" else "text" if trig else "free"
-            if self.mode == "free":
-                out.append(("content", ch))
-                return
-        if self.mode == "free":
-            out.append(("content", ch))
-        elif self.mode == "text":
-            self.buf += ch
-            if self.buf.endswith(trig):
-                if self.buf[:-len(trig)]:
-                    out.append(("content", self.buf[:-len(trig)]))
-                self.buf, self.mode = "", "seek"
-                return
-            keep = next((k for k in range(min(len(trig) - 1, len(self.buf)), 0, -1)
-                         if trig.startswith(self.buf[-k:])), 0)
-            if len(self.buf) > keep:
-                out.append(("content", self.buf[:len(self.buf) - keep]))
-                self.buf = self.buf[len(self.buf) - keep:]
-        if self.mode == "seek":
-            if ch == "{":
-                self.mode, self.buf = "head", "{"
-        elif self.mode == "head":
-            self.buf += ch
-            m = _HEAD.fullmatch(self.buf)
-            if m:
-                self.index += 1
-                out.append(("call", self.index, new_id(), json.loads(f'"{m.group(1)}"')))
-                self.mode, self.depth, self.instr, self.esc = "args", 0, False, False
-        elif self.mode == "args":
-            if not self.instr and self.depth == 0 and ch in "}]":   # the call's own end
-                self.mode = "seek"
-                return
-            out.append(("args", self.index, ch))
-            if self.instr:
-                if self.esc:
-                    self.esc = False
-                elif ch == "\\":
-                    self.esc = True
-                elif ch == '"':
-                    self.instr = False
-            elif ch == '"':
-                self.instr = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
+from .tool_parse import ToolStream, new_id, parse_tool_calls  # noqa: E402  (they read SYNTAXES)
