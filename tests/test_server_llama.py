@@ -192,3 +192,42 @@ def test_metrics_and_slots_off_are_501():
         assert httpx.post(s.url + "/slots/0?action=save", json={"filename": "a.bin"}, timeout=10).status_code == 501
     finally:
         assert s.stop() == 0
+
+
+def test_sleep_frees_the_model_and_the_next_request_reloads_it(llm):
+    """--sleep-idle-seconds: idle past it, the model is closed (its memory freed: the server's
+    resident memory drops); monitoring reads neither wake it nor keep it awake; the next request
+    reloads it and answers as before."""
+    import os
+    import time
+
+    def rss(pid):
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) << 10
+
+    s = Server("-c", "4096", "-np", "4", "-t", "2", "--temp", "0", "--sleep-idle-seconds", "1", "--metrics").wait_ready()
+    try:
+        want = llm.generate("The capital of France is", 8).text
+        r = httpx.post(s.url + "/completion", json={"prompt": "The capital of France is", "n_predict": 8}, timeout=60)
+        assert r.json()["content"] == want
+        awake = rss(s.proc.pid)
+        deadline = time.monotonic() + 30
+        while not httpx.get(s.url + "/props", timeout=10).json()["is_sleeping"]:
+            assert time.monotonic() < deadline, "never fell asleep"
+            time.sleep(0.2)
+        time.sleep(0.3)
+        asleep = rss(s.proc.pid)
+        assert asleep < awake - (64 << 20), (awake, asleep)   # the KV cache (4 x 4096 positions) went back
+        for path in ("/health", "/models", "/slots", "/metrics", "/props"):   # monitoring: still asleep
+            r = httpx.get(s.url + path, timeout=10)
+            assert r.status_code == 200, (path, r.text)
+        assert httpx.get(s.url + "/health", timeout=10).json()["sleeping"] is True
+        assert all(x["n_cached"] == 0 for x in httpx.get(s.url + "/slots", timeout=10).json())
+        assert httpx.get(s.url + "/props", timeout=10).json()["is_sleeping"] is True
+        r = httpx.post(s.url + "/completion", json={"prompt": "The capital of France is", "n_predict": 8}, timeout=60)
+        assert r.status_code == 200 and r.json()["content"] == want
+        assert httpx.get(s.url + "/props", timeout=10).json()["is_sleeping"] is False
+        assert "llamacpp:tokens_predicted_total 16" in httpx.get(s.url + "/metrics", timeout=10).text
+        assert any("asleep" in line for line in s.lines)
+    finally:
+        assert s.stop() == 0, "".join(s.lines)

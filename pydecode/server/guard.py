@@ -48,8 +48,7 @@ class Guard:
             await send(message)
 
         path = scope["path"]
-        if path not in PASSIVE:
-            self.state.touch()
+        active = path not in PASSIVE   # (monitoring neither wakes the server nor keeps it awake)
         try:
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 extra = [(b"Access-Control-Allow-Methods", CORS_METHODS.encode()),
@@ -62,8 +61,17 @@ class Guard:
                 err = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY' "
                                     "(or 'X-Api-Key: KEY')", code="invalid_api_key")
                 await JSONResponse(err.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, counted)
-            else:
+            elif not active:
                 await self.app(scope, receive, counted)
+            else:
+                self.state.touch()
+                self.state.busy += 1
+                try:
+                    await self.state.wake()
+                    await self.app(scope, receive, counted)
+                finally:
+                    self.state.busy -= 1
+                    self.state.touch()   # (idle counts from the end of the last answer)
         finally:   # (monitoring reads are not counted: a scrape would change what it reads)
             if path not in UNCOUNTED:
                 self.state.metrics.count_request(path, status[0])

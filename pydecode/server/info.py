@@ -3,7 +3,6 @@ one that only wraps another: Vertex AI's /predict (embeddings: embeddings.py).""
 from __future__ import annotations
 
 import json
-import os
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -23,13 +22,7 @@ def _model_card(state: ServerState) -> dict:
 
 
 def _meta(state: ServerState) -> dict | None:
-    llm = state.llm
-    if llm is None or state.status != "ok":
-        return None
-    m = llm.model
-    return {"n_vocab": m.n_vocab, "n_ctx_train": m.config.n_ctx_train, "n_ctx": llm.n_ctx,
-            "n_embd": m.config.n_embd, "size": os.path.getsize(state.settings.model_path)
-            if state.settings.model_path and os.path.exists(state.settings.model_path) else None}
+    return state.meta if state.status == "ok" else None
 
 
 async def list_models(request: Request) -> Response:
@@ -48,7 +41,11 @@ async def get_model(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.pd
     if state.status == "ok":
-        e = state.llm.engine
+        llm = state.llm
+        if llm is None:   # asleep (--sleep-idle-seconds): ready, it loads again at the next request
+            return JSONResponse({"status": "ok", "model": state.model_id, "active": 0, "queued": 0,
+                                 "slots": state.shape[0], "sleeping": True})
+        e = llm.engine
         return JSONResponse({"status": "ok", "model": state.model_id, "active": e.n_active, "queued": e.n_queued,
                              "slots": e.max_seqs})
     if state.status == "error":

@@ -426,6 +426,11 @@ async def slots(request: Request) -> Response:
     state = request.app.state.pd
     if not state.settings.slots:
         raise APIError(501, "the slots endpoint is off (--no-slots)", code="not_supported", type="not_supported_error")
+    if state.status == "ok" and state.sleeping and state.llm is None:   # asleep: every slot empty
+        n_seq, n_ctx = state.shape
+        return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": False, "n_cached": 0,
+                              "next_token": [{"has_next_token": False, "n_remain": -1, "n_decoded": 0}]}
+                             for i in range(n_seq)])
     llm = state.model()
     ledger, out = llm.engine.model.slots, []
     active = {s.slot: s for s in list(llm.engine._active)}

@@ -80,6 +80,11 @@ class _Server(uvicorn.Server):
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
+    async def on_tick(self, counter: int) -> bool:
+        if counter % 10 == 0 and self.state.settings.sleep_idle_s is not None:   # about once a second
+            self.state.check_sleep()
+        return await super().on_tick(counter)
+
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
         self.stop_generations()
@@ -145,9 +150,22 @@ def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, ali
         where.append(f"http://{f'[{w[0]}]' if sock.family == socket.AF_INET6 else w[0]}:{w[1]}")
     log(f"pydecode serve: listening on {', '.join(where)} (loading {model_id}; GET /health says when ready)")
 
+    def bring_up():
+        """load(), and the engine made ready to serve (also what a wake from sleep reloads)."""
+        llm = load()
+        try:
+            if max_queue is not None:
+                llm.engine.max_queue = max_queue
+            constraint.warm(llm.tokenizer)   # holds the GIL 0.1-1 s: now, not under the first grammar request
+            llm.engine.start()
+        except BaseException:
+            llm.close()
+            raise
+        return llm
+
     def load_in_background():
         try:
-            llm = load()
+            llm = bring_up()
         except BaseException as e:   # its message is the whole story: no traceback
             state.failed(str(e) or type(e).__name__)
             log(f"pydecode serve: error: the model failed to load: {state.error}")
@@ -156,11 +174,9 @@ def serve(load, model_id: str, *, host: str = "127.0.0.1", port: int = 8080, ali
         if server.should_exit:       # stopped while it loaded
             llm.close()
             return
-        if max_queue is not None:
-            llm.engine.max_queue = max_queue
-        constraint.warm(llm.tokenizer)   # holds the GIL 0.1-1 s: now, not under the first grammar request
-        llm.engine.start()
         state.ready(llm)
+        if settings.sleep_idle_s is not None:
+            state.reload = bring_up
         m = llm.model
         log(f"pydecode serve: ready: {model_id} ({m.config.arch}, {m.n_threads} threads, {m.isa}, "
             f"{llm.engine.max_seqs} sequences of {m.n_ctx} tokens)")

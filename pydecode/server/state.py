@@ -3,6 +3,7 @@ the API key, the generations in flight, the metrics."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,13 @@ class ServerState:
         self.last_request = time.monotonic()
         self.sleeping = False
         self.metrics_snapshot = None
+        # --sleep-idle-seconds: reload() brings the model up again after it was closed asleep;
+        # busy counts the requests being answered (a model in use never falls asleep).
+        self.reload = None
+        self.busy = 0
+        self.meta: dict | None = None    # the loaded model's facts (/models), kept while asleep
+        self.shape = (0, 0)              # (slots, n_ctx), kept while asleep
+        self._waking: asyncio.Lock | None = None
         self.live: set = set()           # Handles of the requests in flight
         self.fingerprint = f"pydecode-{__version__}"
         self.metrics = Metrics(self)
@@ -48,23 +56,54 @@ class ServerState:
         self.grammar_budget_s = GRAMMAR_BUDGET_S
 
     def touch(self) -> None:
-        """A request that is not monitoring arrived: the server is awake (--sleep-idle-seconds)."""
+        """A request that is not monitoring arrived (--sleep-idle-seconds): the idle time restarts."""
         self.last_request = time.monotonic()
-        self.sleeping = False
 
     def check_sleep(self) -> bool:
-        """Whether the server has been idle past --sleep-idle-seconds (then it says it sleeps:
-        the model's weights are file-backed pages the OS may take back, nothing to reload)."""
+        """(On the event loop.) Whether the server sleeps: once idle past --sleep-idle-seconds,
+        with no request being answered, it falls asleep: the model is closed, so its KV cache,
+        repacked weights and scratch go back to the system (the weights' file-backed pages the
+        OS reclaims by itself), and the next request that is not monitoring reloads it (wake)."""
         s = self.settings.sleep_idle_s
-        if s is not None and not self.sleeping and self.llm is not None and self.llm.engine.n_active == 0 \
-                and time.monotonic() - self.last_request > s:
+        if s is not None and not self.sleeping and self.status == "ok" and self.llm is not None \
+                and not self.busy and not self.live and self.llm.engine.n_active == 0 \
+                and self.llm.engine.n_queued == 0 and time.monotonic() - self.last_request > s:
             self.sleeping = True
             self.metrics_snapshot = self.metrics.text()   # what /metrics says while asleep (first scrape)
+            if self.reload is not None:
+                llm, self.llm = self.llm, None
+                llm.close()
+                _log(f"idle for {s:g} s: asleep, the model closed (its memory freed) until the next request")
         return self.sleeping
 
+    async def wake(self) -> None:
+        """Brings a sleeping server up again (the model reloaded in a thread; requests that
+        arrive meanwhile wait for the same load). A failed reload is the model's 503 after."""
+        if not self.sleeping:
+            return
+        if self._waking is None:
+            self._waking = asyncio.Lock()
+        async with self._waking:
+            if not self.sleeping:
+                return
+            if self.llm is None and self.reload is not None:
+                t0 = time.perf_counter()
+                try:
+                    self.llm = await asyncio.to_thread(self.reload)
+                    _log(f"awake: the model reloaded in {time.perf_counter() - t0:.2f} s")
+                except Exception as e:   # (a file removed meanwhile, say): said by model()'s 503
+                    self.failed(f"reloading after --sleep-idle-seconds: {e}")
+                    _log(f"error: {self.error}")
+            self.sleeping = False
+
     def ready(self, llm) -> None:
+        import os
         self.llm, self.status = llm, "ok"
         self.fingerprint = f"pydecode-{__version__}-{llm.model.isa}"
+        m, path = llm.model, self.settings.model_path
+        self.meta = {"n_vocab": m.n_vocab, "n_ctx_train": m.config.n_ctx_train, "n_ctx": llm.n_ctx,
+                     "n_embd": m.config.n_embd, "size": os.path.getsize(path) if path and os.path.exists(path) else None}
+        self.shape = (llm.engine.model.n_seq, llm.n_ctx)
 
     def failed(self, message: str) -> None:
         self.status, self.error = "error", message
@@ -102,4 +141,11 @@ class ServerState:
             raise APIError.shutting_down()
         if self.status == "loading":
             raise APIError(503, "the model is still loading; GET /health says when it is ready", code="model_loading")
+        if self.status == "ok" and self.sleeping:   # (a monitoring route: it does not wake the server)
+            raise APIError(503, "the server is asleep (--sleep-idle-seconds); any request that is not "
+                                "monitoring wakes it", code="sleeping")
         raise APIError(503, f"the model failed to load: {self.error}", code="model_failed")
+
+
+def _log(msg: str) -> None:
+    print(f"pydecode serve: {msg}", file=sys.stderr, flush=True)
