@@ -187,15 +187,23 @@ class TokenContext:
                mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None, grammar=None,
                idx: int | None = None) -> int:
         """The next token from the logits after position idx (default: the context's last),
-        through the sampling chain; penalties over the tokens before it."""
+        through the sampling chain; penalties over the tokens before it. grammar: as in
+        llama-cpp-python, where one sample() call makes its sampler afresh, the token is one the
+        grammar may start with (its state is not carried from call to call; generate(grammar=)
+        follows it through the tokens)."""
         self._require_model("sample")
-        if grammar is not None:
-            raise NotImplementedError("sample(grammar=...): a grammar needs the tokens chosen before, which one "
-                                      "sample() call does not have; use generate(grammar=...) or create_completion")
         logits, n_before = self._logits_at(idx)
         sampler = self._sampler(temp, top_k, top_p, min_p, typical_p, tfs_z, mirostat_mode, mirostat_tau,
                                 mirostat_eta, repeat_penalty, frequency_penalty, presence_penalty)
-        return self._choose(sampler, None, logits, n_before, logits_processor, penalize_nl)
+        return self._choose(sampler, self._matcher(grammar), logits, n_before, logits_processor, penalize_nl)
+
+    def _matcher(self, grammar):
+        """A fresh structured.Constraint of a LlamaGrammar (or None)."""
+        if grammar is None:
+            return None
+        tok = self._llm.tokenizer
+        g = structured.grammar_of(**structure_of(grammar))
+        return structured.Constraint(tok, self._llm.model.n_vocab, structured.compile_grammar(tok, g))
 
     def generate(self, tokens, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                  temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True, frequency_penalty: float = 0.0,
@@ -221,9 +229,7 @@ class TokenContext:
         sampler = self._sampler(temp, top_k, top_p, min_p, typical_p, tfs_z, mirostat_mode, mirostat_tau,
                                 mirostat_eta, repeat_penalty, frequency_penalty, presence_penalty)
         tok = self._llm.tokenizer
-        g = structured.grammar_of(**structure_of(grammar)) if grammar is not None else None
-        matcher = None if g is None else structured.Constraint(tok, self._llm.model.n_vocab,
-                                                               structured.compile_grammar(tok, g))
+        matcher = self._matcher(grammar)
         while True:
             if tokens:
                 self.eval(tokens)
