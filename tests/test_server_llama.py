@@ -138,6 +138,15 @@ def test_slot_save_restore_erase(ls, llm):
     assert post(ls, "/slots/0?action=restore", {"filename": "missing.bin"}).status_code == 404
 
 
+def test_chat_verbose_answer_carries_the_prompt(ls, llm):
+    """llama-server's "verbose": true: the rendered prompt and its tokens beside the answer."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = post(ls, "/chat/completions", {"messages": msgs, "max_tokens": 2, "verbose": True})
+    assert r.status_code == 200, r.text
+    v = r.json()["__verbose"]
+    assert v["prompt"] == llm.chat_prompt(msgs) and v["prompt_tokens"] == llm.chat_tokens(msgs)
+
+
 def test_anthropic_messages(ls, llm):
     body = {"model": "claude", "max_tokens": 8, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
     r = httpx.post(ls.url + "/v1/messages", json=body, headers={"X-Api-Key": KEY}, timeout=120).json()

@@ -151,7 +151,7 @@ async def messages(request: Request) -> Response:
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
     plan = _tool_plan(llm, body, g)
     msgs, kwargs = _template_args(state, llm, body, chat, plan)
-    ids, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages")
+    ids, _, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages")
     handles = await submit(state, llm, [ids], g, "messages")
     tools = plan is not None
     msg_id, model = f"msg_{uuid.uuid4().hex}", body.get("model") or state.model_id

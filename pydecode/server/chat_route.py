@@ -94,7 +94,7 @@ def prompt_of(llm, msgs, kwargs, prefill: str) -> tuple[list[int], str]:
 
 
 async def rendered_prompt(state, llm, msgs, kwargs, param: str, prefill: str = ""):
-    """(the prompt's token ids, rendered off the event loop; the reasoning format its answer is
+    """(the prompt's token ids, rendered off the event loop; its text; the reasoning format its answer is
     split by, or None; whether the prompt opens a reasoning block itself, so the answer starts
     inside it). A template's refusal is a 400 naming `param`. One place for every chat route."""
     fmt = llm.reasoning_format if state.settings.reasoning_format != "none" else None
@@ -103,7 +103,7 @@ async def rendered_prompt(state, llm, msgs, kwargs, param: str, prefill: str = "
         opened = fmt is not None and opens_reasoning(text, fmt)
     except (TemplateError, ValueError) as e:
         raise APIError(400, f"{param}: {e}", param=param, code="invalid_messages") from None
-    return ids, fmt, opened
+    return ids, text, fmt, opened
 
 
 async def chat_completions(request: Request) -> Response:
@@ -114,7 +114,7 @@ async def chat_completions(request: Request) -> Response:
     g = openai_generation(state, llm, body, chat=True, default_max_tokens=None)
     plan = tool_plan(llm, body, g)
     msgs, kwargs, prefill = template_args(state, body, plan)
-    ids, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages", prefill)
+    ids, text, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages", prefill)
     slot = params._int(body, "id_slot", -1, lo=-1, hi=llm.engine.model.n_seq - 1)
     progress = Progress(lambda: None) if g.stream and body.get("return_progress") else None
     extra = {"slot": None if slot < 0 else slot}

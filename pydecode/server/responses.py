@@ -113,7 +113,7 @@ async def responses(request: Request) -> Response:
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
     plan = tool_plan(llm, chat, g)   # function calls always parse (chat/tools.py)
     msgs, kwargs = _template_inputs(llm, chat, plan)
-    ids, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "input")
+    ids, _, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "input")
     progress, extra = None, {}
     if g.stream and body.get("return_progress"):
         import asyncio
