@@ -45,6 +45,13 @@ enum {
      * logits; each expert's gate / up / down output bias, F32[n_ff_exp x n_expert] (twice) and
      * F32[n_embd x n_expert], expert e's values contiguous. */
     PD_GATE_INP_B, PD_GATE_EXPS_B, PD_UP_EXPS_B, PD_DOWN_EXPS_B,
+    /* A recurrent layer's gated delta net (pd_config.recurrent_layers; core/deltanet.c), in place of
+     * the attention slots above: PD_SSM_QKV attn_qkv [n_embd -> C], C = 2 n_k d + n_v d (q, k, v);
+     * PD_SSM_Z attn_gate [n_embd -> n_v d]; PD_SSM_BETA ssm_beta and PD_SSM_ALPHA ssm_alpha
+     * [n_embd -> n_v]; PD_SSM_CONV ssm_conv1d F32 [d_conv x C] (channel c's taps contiguous, oldest
+     * first); PD_SSM_DT ssm_dt.bias and PD_SSM_A ssm_a (-exp(A_log)) F32 [n_v]; PD_SSM_NORM
+     * ssm_norm F32 [d]; PD_SSM_OUT ssm_out [n_v d -> n_embd]. d = ssm_d_state. */
+    PD_SSM_QKV, PD_SSM_Z, PD_SSM_BETA, PD_SSM_ALPHA, PD_SSM_CONV, PD_SSM_DT, PD_SSM_A, PD_SSM_NORM, PD_SSM_OUT,
     PD_LAYER_SLOTS
 };
 /* How a mixture-of-experts router turns its logits into the k experts' weights (pd_config.
@@ -104,6 +111,13 @@ typedef struct {
     float expert_scale;      /* the k weights multiplied by it (0 -> 1) */
     int n_ff_shexp;          /* the shared expert's FFN width (0: none; a multiple of 32) */
     int expert_act;          /* the experts' activation: 0 the model's (act_gelu); PD_EXPERT_ACT_SWIGLU_OAI */
+    /* Hybrids (Qwen3.5: core/deltanet.c; all 0 otherwise): */
+    const uint8_t *recurrent_layers;  /* [n_layer]: 1 where a layer is a gated delta net (NULL: none) */
+    int ssm_d_conv;          /* the causal convolution's taps (2..8) */
+    int ssm_n_k, ssm_n_v;    /* key heads and value heads (n_v a multiple of n_k: value head j reads key head j % n_k) */
+    int ssm_d_state;         /* dims per head, keys and values alike (a multiple of 32) */
+    int attn_gated;          /* 1: attn_q gives 2 head_dim per head, the query then a gate; the attention's
+                                output is multiplied by sigmoid(gate) before attn_output */
 } pd_config;
 
 typedef struct pd_model pd_model;
@@ -150,6 +164,11 @@ int pd_model_share_pool(pd_model *m, pd_model *from);
 /* Grows the KV cache to n_seq sequence slots, keeping the existing slots' contents (not during
  * a step); PD_OK, or an error with the model unchanged for use. */
 int pd_model_grow_seq(pd_model *m, int n_seq);
+/* A hybrid's recurrent state (core/deltanet.c) cannot be cut back: slot seq's holds the positions
+ * 0..pd_model_ssm_pos(m, seq)-1 it has absorbed (-1: a bad slot; 0 for a model without recurrent
+ * layers), and a step of that slot must start at that position or at 0 (which starts it afresh). */
+int pd_model_ssm_pos(const pd_model *m, int seq);
+size_t pd_model_ssm_bytes(const pd_model *m);   /* the recurrent state's bytes, every slot */
 /* Weights repacked at load into a faster layout (pd_model_new): how many tensors, their bytes
  * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
 int pd_model_n_repacked(const pd_model *m);

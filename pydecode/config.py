@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .errors import ModelError
 from .gguf_file import GGUFFile, type_name
+from .hybrid import SSM_TENSORS, SSM_VECTORS, hybrid_fields, layer_shapes
 
 # What differs between architectures. Keys absent from an entry take the defaults below.
 ARCHS: dict[str, dict] = {
@@ -53,10 +54,17 @@ ARCHS: dict[str, dict] = {
     "gpt-oss": dict(rope_neox=True, sliding_window=True, swa_period=2, moe=True, expert_gating="softmax_weight",
                     expert_norm=False, expert_act="swiglu_oai",
                     renames={"post_attention_norm.weight": "ffn_norm.weight"}),
+    # Qwen3.5 / Qwen3.6 hybrids (pydecode/hybrid.py, csrc/core/deltanet.c): gated delta nets in 3 of 4
+    # layers, full attention with an output gate (Qwen3's Q/K norms, NeoX RoPE on 64 of 256 dims:
+    # M-RoPE at text positions) in the rest; "post_attention_norm" is the FFN's input norm. qwen35moe:
+    # Qwen3-MoE's routing (softmax, top-k renormalized) and a shared expert gated by a sigmoid.
+    "qwen35": dict(rope_neox=True, hybrid=True, renames={"post_attention_norm.weight": "ffn_norm.weight"}),
+    "qwen35moe": dict(rope_neox=True, hybrid=True, moe=True, expert_gating="softmax", expert_norm=True,
+                      renames={"post_attention_norm.weight": "ffn_norm.weight"}),
 }
 ARCH_DEFAULTS = dict(rope_neox=False, act_gelu=False, embd_scale=0.0, rope_base_local=0.0,
                      sliding_window=False, swa_period=0, moe=False, expert_gating="softmax", expert_norm=False,
-                     expert_act="model", renames={})
+                     expert_act="model", renames={}, hybrid=False)
 EXPERT_ACTS = {"model": 0, "swiglu_oai": 1}   # the C core's PD_EXPERT_ACT_*
 # GGUF <arch>.expert_gating_func (llama.cpp's llama_expert_gating_func_type) -> name -> the C
 # core's PD_GATING_* (pydecode.h).
@@ -75,6 +83,7 @@ LAYER_TENSORS = [
     "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
     "attn_output.bias", "attn_sinks.weight",
     "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+    *SSM_TENSORS,   # a hybrid's recurrent layers (pydecode/hybrid.py)
 ]
 # Fused tensors: a file may hold these instead of the slots they stand for, each slot a run of
 # the fused tensor's rows (zero-copy views: tensor_views). phi3's ffn_up of 2 x n_ff rows holds
@@ -126,6 +135,28 @@ class ArchConfig:
     expert_scale: float = 0.0
     expert_act: str = "model"       # the experts' activation: the model's, or gpt-oss's "swiglu_oai"
     n_ff_shexp: int = 0             # the shared expert's width (qwen2moe; 0: none)
+    # Hybrids (pydecode/hybrid.py; empty / 0: none): which layers are gated delta nets, their shapes
+    recurrent: tuple = ()
+    ssm_d_conv: int = 0
+    ssm_n_k: int = 0
+    ssm_n_v: int = 0
+    ssm_d_state: int = 0
+    attn_gated: bool = False        # attention's Q holds a gate per head (its output times sigmoid(gate))
+    n_mtp: int = 0                  # multi-token-prediction layers of the file, skipped
+
+    def layer_is_recurrent(self, layer: int) -> bool:
+        return bool(self.recurrent) and self.recurrent[layer]
+
+    @property
+    def n_attn_layers(self) -> int:
+        """Layers with a KV cache (a hybrid's others keep a fixed state: ssm_state_bytes)."""
+        return self.n_layer - sum(self.recurrent)
+
+    def ssm_state_bytes(self) -> int:
+        """One sequence's recurrent state (f32): each recurrent layer's convolution inputs and
+        one state_size^2 matrix per value head."""
+        C = (2 * self.ssm_n_k + self.ssm_n_v) * self.ssm_d_state
+        return sum(self.recurrent) * 4 * ((self.ssm_d_conv - 1) * C + self.ssm_n_v * self.ssm_d_state ** 2)
 
     def rope_factors(self, gguf: GGUFFile, n_ctx: int) -> str | None:
         """The LongRoPE factor tensor a context of n_ctx positions uses, or None: the long
@@ -143,7 +174,8 @@ class ArchConfig:
         for l in range(self.n_layer):
             p = f"blk.{l}."
             qkv = gguf.tensors.get(p + "attn_qkv.weight")
-            if qkv is not None and p + "attn_q.weight" not in gguf.tensors and qkv.shape[0] == self.n_embd:
+            if qkv is not None and p + "attn_q.weight" not in gguf.tensors and qkv.shape[0] == self.n_embd \
+                    and not self.layer_is_recurrent(l):
                 lens = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_head_kv * self.head_dim)
                 self._split(views, qkv, [p + n for n in FUSED_TENSORS["attn_qkv.weight"]], lens)
             up = gguf.tensors.get(p + "ffn_up.weight")
@@ -183,7 +215,7 @@ class ArchConfig:
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
         """K and V of one position in every layer: 2 x n_layers x n_kv_heads x head_dim x bytes
         (per value: 2 for f16, 4 for f32, 34/32 for q8_0: Model.kv_elem_bytes)."""
-        return round(2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_element)
+        return round(2 * self.n_attn_layers * self.n_head_kv * self.head_dim * bytes_per_element)
 
     def layer_is_local(self, layer: int) -> bool:
         """Whether a layer attends over a sliding window: the one rule (the C core is told per
@@ -195,6 +227,8 @@ class ArchConfig:
         in a sliding-window layer, at most the window. ring_extra=n_batch gives what the C core
         allocates instead (a ring of window + n_batch, so a prefill chunk's first query still
         sees its whole window)."""
+        if self.layer_is_recurrent(layer):
+            return 0
         if not self.layer_is_local(layer):
             return positions
         return min(positions, self.sliding_window + (ring_extra or 0))
@@ -311,9 +345,10 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
     emb = gguf.tensors.get("token_embd.weight")
     if emb is None:
         raise ModelError(f"{gguf.path}: tensor token_embd.weight is missing")
+    hybrid = hybrid_fields(gguf, p, _key) if a["hybrid"] else {}
     cfg = ArchConfig(
         arch=arch,
-        n_layer=_key(gguf, p + "block_count", int),
+        n_layer=hybrid.pop("n_layer", None) or _key(gguf, p + "block_count", int),
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
@@ -336,6 +371,7 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         rope_attn_factor=_key(gguf, p + "rope.scaling.attn_factor", float, 1.0),
         n_ctx_orig=_key(gguf, p + "rope.scaling.original_context_length", int, 0),
         **(_experts(gguf, p, a) if a["moe"] else {}),
+        **hybrid,
     )
     if _key(gguf, p + "rope.scaling.type", str, "none") == "yarn" and cfg.rope_freq_scale < 1.0:
         if not (cfg.rope_base > 1 and 2 <= cfg.rope_dim):
@@ -450,7 +486,7 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
             layer.update({"ffn_gate_inp_shexp.weight": (d,), "ffn_gate_shexp.weight": (d, ns),
                           "ffn_up_shexp.weight": (d, ns), "ffn_down_shexp.weight": (ns, d)})
     for l in range(cfg.n_layer):
-        want.update({f"blk.{l}.{k}": v for k, v in layer.items()})
+        want.update({f"blk.{l}.{k}": v for k, v in (layer_shapes(cfg, l, layer) if cfg.recurrent else layer).items()})
     for name, shape in want.items():
         v = views.get(name) if name != "rope_freqs.weight" else (gguf.tensors.get(name), 0, 0)
         t = v[0] if v else None
@@ -466,7 +502,7 @@ def check_tensors(gguf: GGUFFile, cfg: ArchConfig) -> None:
         if tuple(t.shape) != shape:
             extra = f" (or a fused one of {list(fused[base])})" if base in fused else ""
             raise ModelError(f"{gguf.path}: tensor {t.name} has shape {list(t.shape)}, expected {list(shape)}{extra}")
-        if (len(shape) == 1 or name.endswith(".bias")) and t.type != 0:
+        if (len(shape) == 1 or name.endswith(".bias") or base in SSM_VECTORS) and t.type != 0:
             raise ModelError(f"{gguf.path}: tensor {name} has type {type_name(t.type)}, expected F32")
 
 

@@ -70,6 +70,9 @@ class Engine(SlotStates):
         # Speculative decoding (pydecode/speculative.py): "lookup", a speculative.DraftModel, or None.
         if not (draft is None or draft == "lookup" or isinstance(draft, speculative.DraftModel)):
             raise ValueError(f"draft must be None, 'lookup' or a speculative.DraftModel, got {draft!r}")
+        if draft is not None and model.config.recurrent:
+            raise ValueError(f"speculative decoding of a hybrid model ({model.config.arch}: recurrent layers) is not "
+                             f"supported yet: a rejected draft would need the recurrent state rolled back")
         self.draft = draft
         self._costs = speculative.PassCosts(speculative.verify_costs(model)) if draft is not None else None
         self._follows_model = max_seqs is None    # max_seqs grows with the model's slots (grow)

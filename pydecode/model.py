@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _core
 from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_config, check_tokenizer_metadata
+from .hybrid import SSM_TENSORS
 from .errors import ContextFullError, ModelClosedError, ModelError, ModelFileChangedError
 from .gguf_file import GGUFFile
 from .host import available_memory, physical_cores  # noqa: F401  (monkeypatched here by tests)
@@ -224,6 +225,11 @@ class Model:
         # Which layers are local is decided here, once (ArchConfig.layer_is_local); C is told.
         self._local_layers = ffi.new("uint8_t[]", [int(c.layer_is_local(l)) for l in range(c.n_layer)])
         cfg.local_layers = self._local_layers
+        if c.recurrent:   # a hybrid (pydecode/hybrid.py): its gated delta nets, the attention's gate
+            self._recurrent_layers = ffi.new("uint8_t[]", [int(r) for r in c.recurrent])
+            cfg.recurrent_layers = self._recurrent_layers
+            cfg.ssm_d_conv, cfg.ssm_n_k, cfg.ssm_n_v, cfg.ssm_d_state = c.ssm_d_conv, c.ssm_n_k, c.ssm_n_v, c.ssm_d_state
+        cfg.attn_gated = int(c.attn_gated)
         cfg.rope_freq_scale, cfg.rope_attn_factor = c.rope_freq_scale, c.rope_attn_factor
         cfg.rope_yarn_ext, cfg.rope_yarn_low, cfg.rope_yarn_high = c.rope_yarn
         cfg.kv_type = KV_TYPES[self.kv_type]
@@ -237,9 +243,13 @@ class Model:
         self._base_buf = ffi.from_buffer(self.gguf.data)
         base = ffi.cast("char *", self._base_buf)
         views = c.tensor_views(self.gguf, self.n_ctx)   # a slot: a tensor, or rows of a fused one
+        ssm = set(SSM_TENSORS)
         for i, name in enumerate(names):
             if name not in views:
                 continue
+            parts = name.split(".", 2)
+            if parts[0] == "blk" and parts[2] in ssm and not c.layer_is_recurrent(int(parts[1])):
+                continue   # (phi3's fused attn_qkv is its Q/K/V views, not a delta net's projection)
             t, row0, rows = views[name]
             if t.offset % 4:
                 raise ModelError(f"{self.path}: tensor {t.name} is not 4-byte aligned in the file")

@@ -18,10 +18,17 @@ class SlotBusy(RuntimeError):
     """The slot asked for (or every slot) is leased now: waiting may get it (Engine waits)."""
 
 
+# A hybrid's recurrent state (csrc/core/deltanet.h) holds exactly the positions it absorbed and
+# cannot be cut back: a slot's cached run is reused whole (the prompt extends it) or not at all.
+RECURRENT = -1
+
+
 def ring_extra(model) -> int | None:
     """n_batch when the model has sliding-window layers (their cache is a ring of window + n_batch
-    positions, see ArchConfig.kv_positions), else None."""
+    positions, see ArchConfig.kv_positions); RECURRENT for a hybrid; else None."""
     c = model.config
+    if c.recurrent:
+        return RECURRENT
     return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
 
 
@@ -34,6 +41,8 @@ def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None, spil
     n, limit = 0, min(len(cached), len(prompt) - 1)
     while n < limit and cached[n] == prompt[n]:
         n += 1
+    if ring == RECURRENT:   # the state holds all of `cached` (and any spill): all of it, or nothing
+        return n if n == len(cached) and not spill else 0
     return 0 if ring is not None and len(cached) + spill - n > ring else n
 
 

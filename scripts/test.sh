@@ -111,7 +111,7 @@ T=$REPO/tests
   "$T/test_kernels.py" "$T/test_forward.py" "$T/test_cache.py" "$T/test_generation.py" "$T/test_archs.py" \
   "$T/test_sampling.py" "$T/test_hostile.py" "$T/test_verify.py" "$T/test_api.py" "$T/test_engine.py" \
   "$T/test_lifetimes.py" "$T/test_speculative.py::test_draft_model_drafts_for_every_sequence_of_a_batch" \
-  "$T/test_kv_cache.py" "$T/test_iq_formats.py" "$T/test_embeddings.py" "$T/test_moe.py" "$T/test_threads.py::test_moe_steps_oversubscribed_never_hang" \
+  "$T/test_kv_cache.py" "$T/test_iq_formats.py" "$T/test_embeddings.py" "$T/test_moe.py" "$T/test_qwen35.py" "$T/test_threads.py::test_moe_steps_oversubscribed_never_hang" \
   "$T/test_kvstate.py::test_truncated_or_flipped_anywhere_never_loads" \
   "$T/test_kvstate.py::test_refused_files_change_nothing" "$T/test_kvstate.py::test_engine_saves_a_finished_handles_slot_in_memory" \
   "$T/test_speculative.py::test_cache_after_rejections_equals_recompute" \

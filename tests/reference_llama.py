@@ -52,6 +52,8 @@ from gguf.quants import dequantize  # noqa: E402
 
 
 class ReferenceModel:
+    ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss")
+
     def __init__(self, path, act_quant: bool = False):
         # act_quant: quantize each matmul input to 8-bit blocks of 32 the way the C core does
         # (d = amax/127, q = round(x/d)) before a quantized weight sees it; the comparison with the
@@ -63,9 +65,9 @@ class ReferenceModel:
         self._w = {}  # name -> dequantized float32 array (exact ggml values), cached
 
         arch = self.meta("general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss"):
-            raise NotImplementedError(f"reference supports llama, qwen2, gemma3, qwen3, qwen3moe, qwen2moe, phi3, "
-                                      f"gpt-oss; got {arch!r}")
+        if arch not in self.ARCHS:
+            raise NotImplementedError(f"{type(self).__name__} supports {', '.join(self.ARCHS)}; got {arch!r}"
+                                      + (" (tests/reference_qwen35.py has the hybrids)" if arch.startswith("qwen35") else ""))
         self.arch = arch
 
         def m(key, default=None):
@@ -82,7 +84,7 @@ class ReferenceModel:
         self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
         self.n_vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml ne1 = rows
         # Qwen2 and Gemma rotate NeoX-style halves (i, i + d/2); llama GGUFs use adjacent pairs.
-        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss")
+        self.neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3", "gpt-oss", "qwen35", "qwen35moe")
         self.oss = arch == "gpt-oss"
         self.swiglu_oai = self.oss   # gpt-oss's clamped SwiGLU in the experts
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))

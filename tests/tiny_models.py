@@ -216,3 +216,106 @@ def tiny_server(tmp_path_factory, n_ctx: int):
     with TestClient(create_app(state)) as client:
         yield llm, client
     llm.close()
+
+
+def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
+                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, n_k: int = 2, n_v: int = 4,
+                      d_state: int = 32, d_conv: int = 4, interval: int = 4, rope_dim: int = 16,
+                      n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0) -> None:
+    """A tiny Qwen3.5 hybrid (qwen35; qwen35moe with moe): every `interval`-th layer full gated
+    attention, the others gated delta nets of n_k key heads and n_v value heads (n_v / n_k query
+    heads share a key head, as in the real models) of d_state dims, with the tensors and keys
+    llama.cpp's converter writes (src/models/qwen35.cpp reads them). tests/reference_qwen35.py is
+    its oracle."""
+    arch = "qwen35moe" if moe else "qwen35"
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e7)
+    w.add_rope_dimension_count(rope_dim)
+    w.add_array(f"{arch}.rope.dimension_sections", [rope_dim // 6, rope_dim // 6, rope_dim // 2 - 2 * (rope_dim // 6), 0])
+    for key, value in (("ssm.conv_kernel", d_conv), ("ssm.inner_size", n_v * d_state), ("ssm.state_size", d_state),
+                       ("ssm.time_step_rank", n_v), ("ssm.group_count", n_k), ("full_attention_interval", interval)):
+        w.add_uint32(f"{arch}.{key}", value)
+    if moe:
+        for key, value in (("expert_count", n_expert), ("expert_used_count", n_expert_used),
+                           ("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff)):
+            w.add_uint32(f"{arch}.{key}", value)
+    tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 3, 1] + [3] * (N_VOCAB - 259))
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_add_bos_token(False)
+    types = iter(weight_types * 1000)
+
+    def matrix(name, rows, cols, scale=None, experts=0):
+        shape = (experts, rows, cols) if experts else (rows, cols)
+        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
+        t = next(types)
+        if t == QT.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        elif t == QT.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, quantize(a, t), raw_dtype=t)
+
+    def vector(name, n, center=1.0, spread=0.1):
+        w.add_tensor(name, (center + spread * rng.standard_normal(n)).astype(np.float32))
+
+    qd, kvd, key_dim, value_dim = n_head * head_dim, n_head_kv * head_dim, n_k * d_state, n_v * d_state
+    w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
+                 raw_dtype=QT.Q8_0)
+    vector("output_norm.weight", n_embd)
+    matrix("output.weight", N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", n_embd)
+        vector(p + "post_attention_norm.weight", n_embd)
+        if (i + 1) % interval == 0:   # full attention: the query and its gate, per head
+            matrix(p + "attn_q.weight", 2 * qd, n_embd)
+            matrix(p + "attn_k.weight", kvd, n_embd)
+            matrix(p + "attn_v.weight", kvd, n_embd)
+            matrix(p + "attn_output.weight", n_embd, qd)
+            vector(p + "attn_q_norm.weight", head_dim)
+            vector(p + "attn_k_norm.weight", head_dim)
+        else:                         # the gated delta net
+            matrix(p + "attn_qkv.weight", 2 * key_dim + value_dim, n_embd)
+            matrix(p + "attn_gate.weight", value_dim, n_embd)
+            w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((2 * key_dim + value_dim, d_conv)) * 0.5)
+                         .astype(np.float32))
+            vector(p + "ssm_dt.bias", n_v, 0.0, 1.0)
+            w.add_tensor(p + "ssm_a", (-np.exp(rng.uniform(-1.0, 1.0, n_v))).astype(np.float32))   # -exp(A_log)
+            w.add_tensor(p + "ssm_beta.weight", (rng.standard_normal((n_v, n_embd)) / np.sqrt(n_embd)).astype(np.float32))
+            w.add_tensor(p + "ssm_alpha.weight", (rng.standard_normal((n_v, n_embd)) / np.sqrt(n_embd)).astype(np.float32))
+            vector(p + "ssm_norm.weight", d_state)
+            matrix(p + "ssm_out.weight", n_embd, value_dim)
+        if moe:
+            w.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal((n_expert, n_embd)).astype(np.float32))
+            matrix(p + "ffn_gate_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_up_exps.weight", n_ff_exp, n_embd, experts=n_expert)
+            matrix(p + "ffn_down_exps.weight", n_embd, n_ff_exp, experts=n_expert)
+            vector(p + "ffn_gate_inp_shexp.weight", n_embd, 0.0, 0.3)
+            matrix(p + "ffn_gate_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_up_shexp.weight", n_ff, n_embd)
+            matrix(p + "ffn_down_shexp.weight", n_embd, n_ff)
+        else:
+            matrix(p + "ffn_gate.weight", n_ff, n_embd)
+            matrix(p + "ffn_up.weight", n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -60,7 +60,7 @@ static void rope(float *v, int rope_dim, int neox, const float *cs) {
 /* ---------------- matrix work ---------------- */
 
 /* Out[t][r] for rows [r0, r1) of W and the n tokens of the current input (xn/xq). */
-static void matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
+void pd_matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n,
                         float *out, size_t out_stride) {
     if (r1 <= r0) return;
     int k = (int)w->ne0;
@@ -95,7 +95,7 @@ static void norm_input(pd_model *m, const float *src, size_t src_stride, const p
 
 
 /* Per-token phase: norm (or copy) + quantize every token's input row. */
-static int phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride, const pd_tensor *nw,
+int pd_phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride, const pd_tensor *nw,
                       int n_in, int n) {
     FOR_CHUNKS(w, n, t) norm_input(m, src, stride, nw, n_in, t);
     END_PHASE(w, n);
@@ -112,13 +112,13 @@ static void residual_rows(pd_model *m, int n, int r0, int r1, const float *bias)
 
 /* A matmul whose output goes into the residual stream: x += W @ xn (+ bias), or, with a post-norm
  * (gemma), x += rmsnorm(W @ xn + bias), which needs whole rows and so one more (per-token) phase. */
-static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *bias,
+int pd_phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *bias,
                                  const pd_tensor *post_norm, int n) {
     int d = m->c.n_embd, ch = pd_matmul_chunk_rows(d, wt->row_bytes, w->nth), nc = N_CHUNKS(d, ch);
     const float *b = bias ? (const float *)bias->data : NULL;
     FOR_CHUNKS(w, nc, c) {
         int r0 = c * ch, r1 = r0 + ch < d ? r0 + ch : d;
-        matmul_rows(m, wt, r0, r1, n, m->tmp, d);
+        pd_matmul_rows(m, wt, r0, r1, n, m->tmp, d);
         if (!post_norm->data) residual_rows(m, n, r0, r1, b);
     }
     END_PHASE(w, nc);
@@ -135,27 +135,32 @@ static int phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt,
 
 /* ---------------- one layer, all threads ---------------- */
 
+static int ffn_forward(pd_worker *w, step_ctx *s, int l);
+
 static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     pd_model *m = s->m;
     const pd_config *c = &m->c;
     int n = s->n, d = c->n_embd, hd = c->head_dim;
-    int qd = c->n_head * hd, kvd = c->n_head_kv * hd, nff = c->n_ff;
+    int qd = c->n_head * hd, kvd = c->n_head_kv * hd;
 
-    /* 1. attention norm -> quantized input */
-    if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_ATTN_NORM), d, n)) return -1;
+    /* 1. attention norm -> quantized input; a hybrid's recurrent layer is a gated delta net */
+    if (pd_phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_ATTN_NORM), d, n)) return -1;
+    if (pd_layer_is_recurrent(c, l)) return pd_deltanet(w, s, l) ? -1 : ffn_forward(w, s, l);
 
-    /* 2. Q, K, V in one phase over the concatenated rows (they share the input) */
-    int rows = qd + 2 * kvd, ch = pd_matmul_chunk_rows(rows, pd_layer_tensor(m, l, PD_WQ)->row_bytes, w->nth), nc = N_CHUNKS(rows, ch);
+    /* 2. Q, K, V in one phase over the concatenated rows (they share the input); a gated
+     *    attention's Q rows hold each head's query then its gate */
+    const int gated = c->attn_gated, qrows = gated ? 2 * qd : qd;
+    int rows = qrows + 2 * kvd, ch = pd_matmul_chunk_rows(rows, pd_layer_tensor(m, l, PD_WQ)->row_bytes, w->nth), nc = N_CHUNKS(rows, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < rows ? r0 + ch : rows;
         const pd_tensor *t[3] = { pd_layer_tensor(m, l, PD_WQ), pd_layer_tensor(m, l, PD_WK), pd_layer_tensor(m, l, PD_WV) };
-        float *out[3] = { m->q, m->kk, m->vv };
-        int base[3] = { 0, qd, qd + kvd }, len[3] = { qd, kvd, kvd };
+        float *out[3] = { gated ? m->ssm.qfull : m->q, m->kk, m->vv };
+        int base[3] = { 0, qrows, qrows + kvd }, len[3] = { qrows, kvd, kvd };
         for (int j = 0; j < 3; j++) {
             int a = r0 - base[j], b = r1 - base[j];
             a = a < 0 ? 0 : (a > len[j] ? len[j] : a);
             b = b < 0 ? 0 : (b > len[j] ? len[j] : b);
-            matmul_rows(m, t[j], a, b, n, out[j], len[j]);
+            pd_matmul_rows(m, t[j], a, b, n, out[j], len[j]);
         }
     }
     END_PHASE(w, nc);
@@ -165,6 +170,12 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     FOR_CHUNKS(w, n, t) {
         const float *cs = m->rope_cs + ((size_t)t * 2 + (local ? 1 : 0)) * c->rope_dim;
         float *q = m->q + (size_t)t * qd, *kk = m->kk + (size_t)t * kvd, *vv = m->vv + (size_t)t * kvd;
+        if (gated)   /* per head [query | gate] -> the queries, and the gates for step 5 */
+            for (int h = 0; h < c->n_head; h++) {
+                const float *src = m->ssm.qfull + (size_t)t * 2 * qd + (size_t)h * 2 * hd;
+                memcpy(q + h * hd, src, (size_t)hd * sizeof(float));
+                memcpy(m->ssm.qgate + (size_t)t * qd + h * hd, src + hd, (size_t)hd * sizeof(float));
+            }
         const pd_tensor *bq = pd_layer_tensor(m, l, PD_BQ), *bk = pd_layer_tensor(m, l, PD_BK), *bv = pd_layer_tensor(m, l, PD_BV);
         if (bq->data) for (int i = 0; i < qd; i++) q[i] += ((const float *)bq->data)[i];
         if (bk->data) for (int i = 0; i < kvd; i++) kk[i] += ((const float *)bk->data)[i];
@@ -186,29 +197,46 @@ static int layer_forward(pd_worker *w, step_ctx *s, int l) {
     /* 4. attention over the cached positions (core/attention.c) */
     if (pd_attention(w, s, l)) return -1;
 
-    /* 5. output projection (+ post-attention norm) into the residual stream */
-    if (phase_norm(w, m, m->att, qd, NULL, qd, n)) return -1;
-    if (phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_WO), pd_layer_tensor(m, l, PD_BO),
+    /* 5. (the output gate, sigmoid) then the output projection (+ post-attention norm) into the
+     *    residual stream */
+    if (gated) {
+        FOR_CHUNKS(w, n, t) {
+            float *a = m->att + (size_t)t * qd;
+            const float *g = m->ssm.qgate + (size_t)t * qd;
+            for (int i = 0; i < qd; i++) a[i] /= 1.0f + expf(-g[i]);
+            norm_input(m, m->att, qd, NULL, qd, t);
+        }
+        END_PHASE(w, n);
+    } else if (pd_phase_norm(w, m, m->att, qd, NULL, qd, n)) {
+        return -1;
+    }
+    if (pd_phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_WO), pd_layer_tensor(m, l, PD_BO),
                               pd_layer_tensor(m, l, PD_POST_ATTN_NORM), n)) return -1;
+    return ffn_forward(w, s, l);
+}
 
-    /* 6. FFN: norm; a mixture of experts (core/moe.c), or gate and up in one phase (same rows ->
-     *    the activation is fused), then down */
-    if (phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_FFN_NORM), d, n)) return -1;
+/* A layer's FFN: norm; a mixture of experts (core/moe.c), or gate and up in one phase (same rows
+ * -> the activation is fused), then down. */
+static int ffn_forward(pd_worker *w, step_ctx *s, int l) {
+    pd_model *m = s->m;
+    const pd_config *c = &m->c;
+    int n = s->n, d = c->n_embd, nff = c->n_ff, ch, nc;
+    if (pd_phase_norm(w, m, m->x, d, pd_layer_tensor(m, l, PD_FFN_NORM), d, n)) return -1;
     if (pd_layer_is_moe(m, l)) return pd_moe_ffn(w, s, l);
     ch = pd_matmul_chunk_rows(nff, pd_layer_tensor(m, l, PD_GATE)->row_bytes + pd_layer_tensor(m, l, PD_UP)->row_bytes, w->nth);
     nc = N_CHUNKS(nff, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < nff ? r0 + ch : nff;
-        matmul_rows(m, pd_layer_tensor(m, l, PD_GATE), r0, r1, n, m->gate, nff);
-        matmul_rows(m, pd_layer_tensor(m, l, PD_UP), r0, r1, n, m->up, nff);
+        pd_matmul_rows(m, pd_layer_tensor(m, l, PD_GATE), r0, r1, n, m->gate, nff);
+        pd_matmul_rows(m, pd_layer_tensor(m, l, PD_UP), r0, r1, n, m->up, nff);
         for (int t = 0; t < n; t++) {
             float *g = m->gate + (size_t)t * nff, *u = m->up + (size_t)t * nff;
             m->kt->act_mul(g + r0, u + r0, r1 - r0, c->act_gelu);
         }
     }
     END_PHASE(w, nc);
-    if (phase_norm(w, m, m->gate, nff, NULL, nff, n)) return -1;
-    return phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_DOWN), NULL, pd_layer_tensor(m, l, PD_POST_FFN_NORM), n);
+    if (pd_phase_norm(w, m, m->gate, nff, NULL, nff, n)) return -1;
+    return pd_phase_residual_matmul(w, m, pd_layer_tensor(m, l, PD_DOWN), NULL, pd_layer_tensor(m, l, PD_POST_FFN_NORM), n);
 }
 
 /* Everything one thread does for a step; returns -1 if it fell behind an already finished step. */
@@ -261,7 +289,7 @@ static int forward(pd_worker *w, step_ctx *s) {
     int ch = pd_chunk_rows(c->n_vocab, out->row_bytes), nc = N_CHUNKS(c->n_vocab, ch);
     FOR_CHUNKS(w, nc, ci) {
         int r0 = ci * ch, r1 = r0 + ch < c->n_vocab ? r0 + ch : c->n_vocab;
-        matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
+        pd_matmul_rows(m, out, r0, r1, n_out, s->logits, c->n_vocab);
         if (s->summ)   /* while this chunk of logits is hot (sampling/summary.h) */
             pd_summ_fold(m->kt, &m->summ[w->ith], s->logits + r0, r0, r1 - r0, m->summ_inv_t, &m->summ_cmax[ci],
                          &m->summ_csum[ci]);

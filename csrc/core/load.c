@@ -108,7 +108,7 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
     if (c->n_embd % PD_QK || c->n_ff % PD_QK || (c->n_head * c->head_dim) % PD_QK)
         return pd_set_err(err, len, "model dims must be multiples of %d", PD_QK);
     int rc0 = pd_moe_check_config(c, err, len);
-    if (rc0) return rc0;
+    if (rc0 || (rc0 = pd_ssm_check_config(c, err, len))) return rc0;
     if (c->kv_type < PD_KV_F32 || c->kv_type > PD_KV_Q8_0)
         return pd_set_err(err, len, "unknown KV cache type %d", c->kv_type);
     if (c->kv_type == PD_KV_Q8_0 && c->head_dim % PD_QK)
@@ -130,8 +130,31 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
     if ((rc = check_matrix(K, out, T[PD_OUTPUT].data ? "output.weight" : "token_embd.weight", -1, d, c->n_vocab, err, len))) return rc;
     for (int l = 0; l < c->n_layer; l++) {
         const pd_tensor *L = &T[PD_GLOBAL_SLOTS + (size_t)l * PD_LAYER_SLOTS];
-        if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm.weight", l, d, 0, err, len)) ||
-            (rc = check_matrix(K, &L[PD_WQ], "attn_q.weight", l, d, qd, err, len)) ||
+        if (pd_layer_is_recurrent(c, l)) {   /* a gated delta net in place of the attention */
+            const int C = pd_ssm_channels(c), inner = pd_ssm_inner(c), nv = c->ssm_n_v;
+            const pd_tensor *cv = &L[PD_SSM_CONV];
+            char name[96];
+            if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm.weight", l, d, 0, err, len)) ||
+                (rc = check_matrix(K, &L[PD_SSM_QKV], "attn_qkv.weight", l, d, C, err, len)) ||
+                (rc = check_matrix(K, &L[PD_SSM_Z], "attn_gate.weight", l, d, inner, err, len)) ||
+                (rc = check_matrix(K, &L[PD_SSM_BETA], "ssm_beta.weight", l, d, nv, err, len)) ||
+                (rc = check_matrix(K, &L[PD_SSM_ALPHA], "ssm_alpha.weight", l, d, nv, err, len)) ||
+                (rc = check_matrix(K, &L[PD_SSM_OUT], "ssm_out.weight", l, inner, d, err, len)) ||
+                (rc = check_vector(&L[PD_SSM_DT], "ssm_dt.bias", l, nv, 0, err, len)) ||
+                (rc = check_vector(&L[PD_SSM_A], "ssm_a", l, nv, 0, err, len)) ||
+                (rc = check_vector(&L[PD_SSM_NORM], "ssm_norm.weight", l, c->ssm_d_state, 0, err, len)))
+                return rc;
+            if (!cv->data || cv->type != PD_F32 || cv->ne0 != c->ssm_d_conv || cv->ne1 != C)
+                return pd_set_err(err, len, "tensor %s must be F32 of shape [%d, %d]",
+                                  full_name(name, sizeof name, "ssm_conv1d.weight", l), c->ssm_d_conv, C);
+        } else if (L[PD_SSM_QKV].data || L[PD_SSM_OUT].data) {
+            return pd_set_err(err, len, "layer %d holds a gated delta net's tensors but is not a recurrent layer", l);
+        }
+        const int qrows = c->attn_gated ? 2 * qd : qd;
+        if (pd_layer_is_recurrent(c, l)) {
+            /* (its FFN: below) */
+        } else if ((rc = check_vector(&L[PD_ATTN_NORM], "attn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_matrix(K, &L[PD_WQ], "attn_q.weight", l, d, qrows, err, len)) ||
             (rc = check_matrix(K, &L[PD_WK], "attn_k.weight", l, d, kvd, err, len)) ||
             (rc = check_matrix(K, &L[PD_WV], "attn_v.weight", l, d, kvd, err, len)) ||
             (rc = check_matrix(K, &L[PD_WO], "attn_output.weight", l, qd, d, err, len)) ||
@@ -140,8 +163,9 @@ static int validate(const pd_config *c, const pd_kernels *K, const pd_tensor *T,
             (rc = check_vector(&L[PD_BV], "attn_v.bias", l, kvd, 1, err, len)) ||
             (rc = check_vector(&L[PD_Q_NORM], "attn_q_norm.weight", l, c->head_dim, 1, err, len)) ||
             (rc = check_vector(&L[PD_K_NORM], "attn_k_norm.weight", l, c->head_dim, 1, err, len)) ||
-            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)) ||
-            (rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
+            (rc = check_vector(&L[PD_POST_ATTN_NORM], "post_attention_norm.weight", l, d, 1, err, len)))
+            return rc;
+        if ((rc = check_vector(&L[PD_FFN_NORM], "ffn_norm.weight", l, d, 0, err, len)) ||
             (rc = check_vector(&L[PD_POST_FFN_NORM], "post_ffw_norm.weight", l, d, 1, err, len)) ||
             (rc = check_vector(&L[PD_BO], "attn_output.bias", l, d, 1, err, len)) ||
             (rc = check_vector(&L[PD_ATTN_SINKS], "attn_sinks.weight", l, c->n_head, 1, err, len)) ||
@@ -170,6 +194,7 @@ void pd_model_free(pd_model *m) {
     if (m->small_copy) pd_huge_free(m->small_copy, m->small_copy_size);
     free(m->repacked); free(m->repacked_size); free(m->repacked_slot); free(m->local_layers);
     pd_moe_free(m);
+    pd_ssm_free(m);
     free(m);
 }
 
@@ -311,6 +336,7 @@ static int repack_weights(pd_model *m) {
 /* Positions layer l's cache holds per sequence: n_ctx, or for a local layer a ring of window +
  * n_batch (a step's earliest query of a sequence still sees its whole window). */
 static int kv_capacity(const pd_config *c, int l) {
+    if (pd_layer_is_recurrent(c, l)) return 0;   /* a recurrent layer keeps a state instead (deltanet.h) */
     const int ring = c->sliding_window + c->n_batch;
     return pd_layer_is_local(c, l) && ring < c->n_ctx ? ring : c->n_ctx;
 }
@@ -320,6 +346,8 @@ static int kv_capacity(const pd_config *c, int l) {
 enum { S_X, S_XN, S_XQ, S_XQK, S_Q, S_KK, S_VV, S_ATT, S_GATE, S_UP, S_TMP, S_SCORES, S_ROPE, S_QQ, S_PART, S_IDX, S_N };
 static size_t max_input(const pd_config *c) {
     size_t d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim, mx = d > qd ? d : qd;
+    for (int l = 0; c->recurrent_layers && l < c->n_layer; l++)   /* ssm_out's input */
+        if (c->recurrent_layers[l] && (size_t)pd_ssm_inner(c) > mx) mx = (size_t)pd_ssm_inner(c);
     return (size_t)c->n_ff > mx ? (size_t)c->n_ff : mx;
 }
 static void scratch_sizes(const pd_config *c, size_t sz[S_N]) {
@@ -357,7 +385,7 @@ size_t pd_config_memory_bytes(const pd_config *cfg) {
     size_t sz[S_N], total = kv_cache_bytes(cfg);
     scratch_sizes(cfg, sz);
     for (int i = 0; i < S_N; i++) total += sz[i];
-    return total + 2 * sz[S_IDX] + pd_moe_scratch_bytes(cfg);   /* positions, slots and logit rows: three index buffers */
+    return total + 2 * sz[S_IDX] + pd_moe_scratch_bytes(cfg) + pd_ssm_bytes(cfg);   /* positions, slots and logit rows: three index buffers */
 }
 
 size_t pd_config_repack_bytes(const pd_config *cfg, const pd_tensor *tensors, int n_tensors, const char *isa) {
@@ -408,6 +436,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         const int cap = kv_capacity(&m->c, l);
         m->kv_cap[l] = cap;
         size_t bytes = (size_t)m->c.n_seq * cap * m->kv_row_bytes;
+        if (!bytes) continue;         /* a recurrent layer: no cache */
         m->kc[l] = calloc(1, bytes);  /* calloc: untouched positions cost no RAM */
         m->vc[l] = calloc(1, bytes);
         ok = m->kc[l] && m->vc[l];
@@ -432,7 +461,7 @@ pd_model *pd_model_new(const pd_config *cfg, const pd_tensor *tensors, int n_ten
         m->pool = pd_pool_new(m->c.n_threads);
         ok = m->x && m->xn && m->xq && m->xqk && m->q && m->kk && m->vv && m->att && m->gate && m->up &&
              m->tmp && m->scores && m->rope_cs && m->qq && m->attn_part && m->phases && m->step && m->pool &&
-             m->pos && m->seq && m->out_idx && m->seq_next && pd_moe_alloc(m) == 0;
+             m->pos && m->seq && m->out_idx && m->seq_next && pd_moe_alloc(m) == 0 && pd_ssm_alloc(m) == 0;
     }
     if (ok && repack_weights(m)) {
         pd_set_err(err, err_len, "out of memory repacking the weights (%zu bytes so far; no_repack avoids it)",
@@ -491,8 +520,10 @@ int pd_model_grow_seq(pd_model *m, int n_seq) {
     int32_t *next = realloc(m->seq_next, (size_t)n_seq * sizeof(int32_t));
     if (!next) return pd_set_err(m->err, sizeof m->err, "out of memory growing to %d sequence slots", n_seq);
     m->seq_next = next;
+    if (pd_ssm_grow(m, n_seq)) return pd_set_err(m->err, sizeof m->err, "out of memory growing the recurrent states to %d slots", n_seq);
     for (int l = 0; l < m->c.n_layer; l++) {
         size_t bytes = (size_t)n_seq * m->kv_cap[l] * m->kv_row_bytes;
+        if (!bytes) continue;
         void *k = realloc(m->kc[l], bytes);
         if (!k) return pd_set_err(m->err, sizeof m->err, "out of memory growing the KV cache to %d slots", n_seq);
         m->kc[l] = k;

@@ -11,6 +11,7 @@
 #include "core/threadpool.h"
 #include "sampling/summary.h"
 #include "core/moe.h"
+#include "core/deltanet.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -73,6 +74,7 @@ struct pd_model {
     double *summ_csum;
     int summ_chunks, summ_ready;
     pd_moe moe;                /* the mixture-of-experts scratch (core/moe.h) */
+    pd_ssm ssm;                /* a hybrid's recurrent states and their scratch (core/deltanet.h) */
     char err[256];
 };
 
@@ -97,6 +99,15 @@ typedef struct {
 /* Layer l's mixture-of-experts FFN (moe.c), after the FFN norm left its input in xn / xq / xqk:
  * x += sum over the token's k experts of weight x expert(xn). -1: fell behind. */
 int pd_moe_ffn(pd_worker *w, step_ctx *s, int l);
+/* Layer l's gated delta net (deltanet.c), after the attention norm left its input in xn / xq /
+ * xqk: x += its output. -1: fell behind. */
+int pd_deltanet(pd_worker *w, step_ctx *s, int l);
+/* forward.c's phase helpers, shared with deltanet.c: out[t][r] = W[r] . input[t] for rows
+ * [r0, r1); xn[t] = rmsnorm(src[t]) (or a copy, w NULL) quantized, every token; x += W @ xn. */
+void pd_matmul_rows(pd_model *m, const pd_tensor *w, int r0, int r1, int n, float *out, size_t out_stride);
+int pd_phase_norm(pd_worker *w, pd_model *m, const float *src, size_t stride, const pd_tensor *nw, int n_in, int n);
+int pd_phase_residual_matmul(pd_worker *w, pd_model *m, const pd_tensor *wt, const pd_tensor *bias,
+                             const pd_tensor *post_norm, int n);
 /* Whether layer l's FFN is a mixture of experts (its router is present). */
 static inline int pd_layer_is_moe(const pd_model *m, int l);
 

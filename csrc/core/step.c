@@ -39,7 +39,7 @@ static int check_step(pd_model *m, const int32_t *tokens, const int32_t *pos, co
     for (int i = 0; i < n_out; i++)
         if (out_idx[i] < 0 || out_idx[i] >= n)
             return pd_set_err(m->err, sizeof m->err, "logits row %d outside the step's tokens 0..%d", out_idx[i], n - 1);
-    return PD_OK;
+    return pd_ssm_check_step(m, pos, seq, n);   /* a hybrid's states continue (core/deltanet.h) */
 }
 
 static void publish_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
@@ -81,10 +81,13 @@ static int run_seq(pd_model *m, const int32_t *tokens, int n, int pos, int sq, f
         if (tokens[i] < 0 || tokens[i] >= m->c.n_vocab)
             return pd_set_err(m->err, sizeof m->err, "token id %d at index %d is outside the vocabulary (0..%d)",
                            tokens[i], i, m->c.n_vocab - 1);
+    int rc = pd_ssm_check_step(m, &pos, &sq, 1);   /* a hybrid's states continue (core/deltanet.h) */
+    if (rc) return rc;
     for (int done = 0; done < n;) {
         int chunk = n - done < m->c.n_batch ? n - done : m->c.n_batch;
         int last = done + chunk == n;
         for (int i = 0; i < chunk; i++) { m->pos[i] = pos + done + i; m->seq[i] = sq; m->out_idx[i] = i; }
+        pd_ssm_advance(m, m->pos, m->seq, chunk);
         int n_out = all ? chunk : (last ? 1 : 0);
         if (!all) m->out_idx[0] = chunk - 1;
         if (hidden)
@@ -119,6 +122,7 @@ int pd_batch_step(pd_model *m, const int32_t *tokens, const int32_t *pos, const 
     memcpy(m->pos, pos, (size_t)n * sizeof *pos);
     memcpy(m->seq, seq, (size_t)n * sizeof *seq);
     memcpy(m->out_idx, out_idx, (size_t)n_out * sizeof *out_idx);
+    pd_ssm_advance(m, m->pos, m->seq, n);
     publish_step(m, tokens, m->pos, m->seq, n, m->out_idx, n_out, n_out ? logits : NULL, NULL);
     return PD_OK;
 }

@@ -49,6 +49,12 @@ def info(model, model_arg):
     full = c.kv_bytes(c.n_ctx_train)   # sliding-window layers hold at most their window
     click.echo(f"KV cache        {kv} bytes per token (F16), {full / 1e6:.1f} MB at full context"
                + (f" (sliding-window layers keep {c.sliding_window} positions)" if c.sliding_window else ""))
+    if c.recurrent:   # a hybrid (pydecode/hybrid.py): most layers keep a fixed state, not a cache
+        click.echo(f"recurrent       {sum(c.recurrent)} of {c.n_layer} layers gated delta nets ({c.ssm_n_k} key / "
+                   f"{c.ssm_n_v} value heads of {c.ssm_d_state}, conv {c.ssm_d_conv}): their state "
+                   f"{c.ssm_state_bytes() / 1e6:.1f} MB per sequence (F32), whatever its length; "
+                   f"the KV cache above is the {c.n_attn_layers} attention layers'"
+                   + (f"; {c.n_mtp} multi-token-prediction layer(s) skipped, as llama.cpp does" if c.n_mtp else ""))
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
     try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
         from ..model import Model

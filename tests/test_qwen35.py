@@ -1,0 +1,157 @@
+"""Qwen3.5 / Qwen3.6 hybrids (qwen35, qwen35moe: csrc/core/deltanet.c, pydecode/hybrid.py) on tiny
+random-weight files: the forward pass against the numpy reference (tests/reference_qwen35.py,
+itself checked against llama.cpp in bench/), on every ISA table; chunked prefill equals one
+block; cached decode equals recompute; batched equals alone; the recurrent state's positions
+(a step must continue them or start at 0); the Engine's prefix reuse (a cached run reused whole
+or not at all); and what is not supported yet refused clearly (drafts, state files).
+
+Tolerances (rms(ours - ref) / rms(ref)): QUANT_TOL against the reference that rounds each matmul
+input to 8 bits as the C core does (measured 0.3-0.5%); FLOAT_TOL against the float reference
+(measured 3.1-4.2%: the delta rule carries the 8-bit noise along the sequence)."""
+import numpy as np
+import pytest
+
+import pydecode
+from pydecode import Engine
+from cache_check import assert_cached_decode_equals_recompute
+from reference_qwen35 import Qwen35Reference
+from tiny_models import N_VOCAB, write_tiny_hybrid
+
+QUANT_TOL = 0.02
+FLOAT_TOL = 0.08
+CACHE_ATOL = 2e-3
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def hybrid(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("hybrid") / f"tiny-qwen35-{request.param}.gguf"
+    write_tiny_hybrid(path, moe=request.param == "moe")
+    return path
+
+
+def _rel(a, b):
+    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
+
+
+def test_config_from_metadata(hybrid):
+    with pydecode.Model(hybrid, n_ctx=32, n_threads=1) as m:
+        c = m.config
+        assert c.recurrent == (True, True, True, False) and c.attn_gated and c.rope_neox
+        assert (c.ssm_d_conv, c.ssm_n_k, c.ssm_n_v, c.ssm_d_state) == (4, 2, 4, 32)
+        assert c.n_attn_layers == 1 and c.kv_positions(0, 10) == 0 and c.kv_positions(3, 10) == 10
+        # one attention layer's K/V per position; a fixed recurrent state per sequence
+        assert c.kv_bytes_per_token(2) == 2 * 2 * 32 * 2
+        assert c.ssm_state_bytes() == 3 * 4 * (3 * 8 * 32 + 4 * 32 * 32)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512", "neon"])
+def test_logits_match_reference(hybrid, isa):
+    from pydecode._core import lib
+
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} not supported")
+    toks = np.random.default_rng(1).integers(0, N_VOCAB, 12).tolist()
+    ref, ref8 = Qwen35Reference(hybrid).logits(toks), Qwen35Reference(hybrid, act_quant=True).logits(toks)
+    with pydecode.Model(hybrid, n_ctx=64, n_threads=2, isa=isa) as m:
+        ours = m.prefill(toks, all_logits=True)
+    assert _rel(ours, ref8) <= QUANT_TOL and _rel(ours, ref) <= FLOAT_TOL
+    assert np.mean(np.argmax(ours, 1) == np.argmax(ref8, 1)) >= 0.9
+
+
+def test_reference_continues_its_state():
+    """The oracle's own incremental path equals its recompute (what the C core is held to)."""
+    import tempfile
+    import os
+    path = os.path.join(tempfile.mkdtemp(), "h.gguf")
+    write_tiny_hybrid(path)
+    r = Qwen35Reference(path)
+    toks = np.random.default_rng(4).integers(0, N_VOCAB, 10).tolist()
+    st = {}
+    parts = np.concatenate([r.logits(toks[:3], st), r.logits(toks[3:4], st), r.logits(toks[4:], st)])
+    assert np.abs(parts - r.logits(toks)).max() < 1e-9
+
+
+def test_chunked_prefill_equals_one_block(hybrid):
+    toks = np.random.default_rng(3).integers(0, N_VOCAB, 13).tolist()
+    with pydecode.Model(hybrid, n_ctx=64, n_threads=2, n_batch=4) as a, \
+            pydecode.Model(hybrid, n_ctx=64, n_threads=2, n_batch=64) as b:
+        np.testing.assert_allclose(a.prefill(toks, all_logits=True), b.prefill(toks, all_logits=True), atol=CACHE_ATOL)
+
+
+def test_cached_decode_equals_recompute(hybrid):
+    toks = np.random.default_rng(2).integers(0, N_VOCAB, 6).tolist()
+    with pydecode.Model(hybrid, n_ctx=64, n_threads=2, n_batch=4) as m, \
+            pydecode.Model(hybrid, n_ctx=64, n_threads=1, n_batch=4) as fresh:
+        assert_cached_decode_equals_recompute(m, fresh, toks, 12, CACHE_ATOL)
+
+
+def test_state_positions_are_checked(hybrid):
+    """A slot's recurrent state holds the positions it absorbed: a step must continue there (or
+    start at 0, afresh); anything else is a clear error, never silently wrong logits."""
+    toks = np.random.default_rng(5).integers(0, N_VOCAB, 8).tolist()
+    with pydecode.Model(hybrid, n_ctx=64, n_threads=1, n_seq=2) as m:
+        first = m.prefill(toks[:5]).copy()
+        with pytest.raises(ValueError, match="recurrent state holds positions 0..4"):
+            m.decode_step(toks[5], 3)
+        m.decode_step(toks[5], 5)                       # continues
+        again = m.prefill(toks[:5]).copy()              # position 0: afresh
+        np.testing.assert_allclose(again, first, atol=1e-6)
+        with pytest.raises(ValueError, match="recurrent state"):
+            m.batch_step([toks[0], toks[1]], [0, 2], [1, 0], [0, 1])
+
+
+def test_batched_equals_alone_and_prefix_reuse(hybrid):
+    prompts = [np.random.default_rng(s).integers(0, 256, 9).tolist() for s in (6, 7)]
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=2, n_seq=2)) as llm, \
+            pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=2)) as solo:
+        e = llm.engine
+        alone = [solo.engine.submit(p, 10, logprobs=3, ignore_eos=True).result(TIMEOUT) for p in prompts]
+        hs = [e.submit(p, 10, logprobs=3, ignore_eos=True) for p in prompts]
+        for h, want in zip(hs, alone):
+            got = h.result(TIMEOUT)
+            assert got.tokens == want.tokens
+            assert all(abs(x[1] - y[1]) <= 1e-4 for x, y in zip(got.logprobs, want.logprobs))
+        # a prompt that extends what a slot holds reuses all of it; one that parts from it midway
+        # is recomputed (a recurrent state cannot be cut back), both equal to a fresh run
+        held = prompts[0] + alone[0].tokens[:-1]
+        for p, cached in ((held + [5, 6], len(held)), (held[:6] + [7, 8], 0)):
+            got = e.submit(p, 4, logprobs=3, ignore_eos=True).result(TIMEOUT)
+            want = solo.engine.submit(p, 4, logprobs=3, ignore_eos=True).result(TIMEOUT)
+            assert got.stats.cached_tokens == cached and got.tokens == want.tokens
+            assert all(abs(x[1] - y[1]) <= 1e-4 for x, y in zip(got.logprobs, want.logprobs))
+            e.submit(prompts[0], 10, ignore_eos=True).result(TIMEOUT)   # the slot holds `held` again
+
+
+def test_unsupported_yet_is_refused(hybrid, tmp_path):
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=1)) as llm:
+        with pytest.raises(ValueError, match="speculative decoding of a hybrid"):
+            Engine(llm.model, draft="lookup")
+        llm.generate([1, 2, 3], 4)
+        with pytest.raises(ValueError, match="hybrid models"):
+            llm.engine.save_state(tmp_path / "s.state")
+
+
+def test_context_shift_recomputes_the_kept_context(hybrid):
+    """A shift cannot cut the recurrent state back: the kept context is prefilled afresh, and
+    each stretch equals a fresh run from it (test_context_shift's replay)."""
+    from test_context_shift import check_against_recompute
+
+    prompt = np.random.default_rng(8).integers(0, 256, 10).tolist()
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=32, n_threads=2)) as a, \
+            pydecode.LLM(pydecode.Model(hybrid, n_ctx=32, n_threads=2)) as b:
+        c = a.engine.submit(prompt, 50, logprobs=3, ignore_eos=True, context_shift=True, n_keep=4).result(TIMEOUT)
+        check_against_recompute(b, prompt, c, 32, 4)
+
+
+def test_q8_0_cache_and_more_slots(hybrid):
+    """kv_type q8_0 applies to the attention layers (the recurrent state stays f32); slots grown
+    later start with empty states."""
+    toks = np.random.default_rng(9).integers(0, N_VOCAB, 10).tolist()
+    with pydecode.Model(hybrid, n_ctx=64, n_threads=2) as f16, \
+            pydecode.Model(hybrid, n_ctx=64, n_threads=2, kv_type="q8_0") as q8:
+        want = f16.prefill(toks, all_logits=True)
+        assert _rel(q8.prefill(toks, all_logits=True), want) < 0.01
+        q8.grow_slots(3)
+        np.testing.assert_allclose(q8.prefill(toks, seq=2, all_logits=True), q8.prefill(toks, seq=0, all_logits=True),
+                                   atol=1e-6)
