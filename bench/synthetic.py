@@ -10,7 +10,9 @@ Shapes (bench/synthetic_shapes.py): llama-3.2-3b, llama-3.1-8b, qwen2.5-7b, tiny
 qwen3-4b, qwen3-30b-a3b (128 experts, top 8), gpt-oss-20b (32 experts, top 4, MXFP4 experts,
 attention sinks, sliding-window 128 / full layers, YaRN), llama-3.2-1b (llama3 RoPE scaling,
 rope_freqs.weight), phi-4-mini (fused attn_qkv and gate+up, LongRoPE factors, 96 of 128 dims
-rotated). `--layers N` keeps the first N layers. The tensors have the shapes of the real model
+rotated), qwen3.5-0.8b, qwen3.5-4b and qwen3.6-35b-a3b (hybrids: 3 of 4 layers gated delta nets,
+every 4th gated full attention; the 35B with 256 experts, top 8, and a shared expert; `--layers 4`
+gives three delta-net layers and one attention layer). `--layers N` keeps the first N layers. The tensors have the shapes of the real model
 and the types llama.cpp's quantizer gives them for the mix (q4_k_m, q4_0, q8_0, iq4_xs, iq4_nl,
 mxfp4; see synthetic_shapes.tensor_type), or every matrix in f16 / f32 (mixes f16, f32: not files
 people run, but an architecture's arithmetic without 8-bit rounding, for logprob_vs_llamacpp.py). Their blocks are random bytes whose scales are set so
@@ -143,7 +145,9 @@ def copy_tokenizer(writer: GGUFWriter, src: str, vocab: int | None) -> int:
 
 
 def _add_kv(w: GGUFWriter, key: str, val) -> None:
-    if isinstance(val, bool):
+    if isinstance(val, list):   # (bools as BOOL, ints as INT32: the converters' types)
+        w.add_array(key, val)
+    elif isinstance(val, bool):
         w.add_bool(key, val)
     elif isinstance(val, int):
         w.add_uint32(key, val)
@@ -177,6 +181,12 @@ def _values(t, s: Shape, qtype: QT, rng: np.random.Generator) -> np.ndarray:
         return np.ones(t.dims, np.float32)
     if t.kind == "bias":
         return (rng.standard_normal(t.dims) * 0.02).astype(np.float32)
+    if t.kind == "conv":    # a delta net's causal convolution taps (F32)
+        return (rng.standard_normal(t.dims) * 0.3).astype(np.float32)
+    if t.kind == "ssm_a":   # -exp(A_log), A in [1, 16] as the models initialize it
+        return (-rng.uniform(1.0, 16.0, t.dims)).astype(np.float32)
+    if t.kind == "dt_bias":   # softplus^-1 of a time step in [0.001, 0.1]
+        return np.log(np.expm1(rng.uniform(0.001, 0.1, t.dims))).astype(np.float32)
     if t.kind == "sinks":   # a learned logit per head; gpt-oss's are of order one
         return rng.standard_normal(t.dims).astype(np.float32)
     if t.kind == "rope_freqs":

@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 QWEN_VOCAB = "ggml-vocab-qwen2.gguf"          # llama.cpp's Qwen2 vocabulary: Qwen3 uses the same one
 LLAMA3_VOCAB = "ggml-vocab-llama-bpe.gguf"    # Llama 3's 128256-token BPE
 O200K = "o200k"                               # OpenAI's vocabulary, as tests/conformance.py builds it
+QWEN35_VOCAB = "ggml-vocab-qwen35.gguf"       # llama.cpp's Qwen3.5 pre-tokenizer test vocabulary (151936 tokens)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class Shape:
 
 
 LLAMA = dict(llama_keys=True)
+QWEN35 = dict(tokenizer=QWEN35_VOCAB, n_vocab=248320, n_ctx=262144, rms_eps=1e-6, head_dim_keys=True,
+              rope_base=10000000.0)
+
+
+def _hybrid_kv(n_k: int, n_v: int, d: int = 128) -> dict:
+    """The ssm.* and RoPE keys Qwen3.5's converter writes (conversion/qwen.py: Qwen3NextModel)."""
+    return {"rope.dimension_count": 64, "rope.dimension_sections": [11, 11, 10, 0], "ssm.conv_kernel": 4,
+            "ssm.state_size": d, "ssm.group_count": n_k, "ssm.time_step_rank": n_v, "ssm.inner_size": n_v * d,
+            "full_attention_interval": 4}
 QWEN3 = dict(tokenizer=QWEN_VOCAB, n_vocab=151936, n_ctx=40960, rms_eps=1e-6, head_dim_keys=True,
              rope_base=1000000.0)
 SHAPES = {
@@ -75,6 +85,16 @@ SHAPES = {
                           n_ctx=131072, head_dim_keys=True, llama3_rope=(32.0, 1.0, 4.0, 8192), **LLAMA),
     # microsoft/Phi-4-mini-instruct: phi3, partial_rotary_factor 0.75 (96 of 128 dims), LongRoPE with
     # original 4096 of 131072 positions; o200k (gpt-oss's specials, not Phi-4-mini's), --real-vocab 200064
+    # Qwen/Qwen3.5-0.8B, Qwen3.5-4B, Qwen3.6-35B-A3B (text_config): hybrids, 3 of 4 layers gated delta
+    # nets of 16 key heads and 16 / 32 value heads of 128 (ssm.*), every 4th full attention with an
+    # output gate; 64 of 256 head dims rotated (M-RoPE sections 11/11/10); the MTP layer not written
+    # (pydecode and llama.cpp skip it). --real-vocab pads llama.cpp's 151936-token test vocabulary
+    # (the Qwen3.5 pre-tokenizer) to the real 248320.
+    "qwen3.5-0.8b": Shape("qwen35", 24, 1024, 3584, 8, 2, 256, tied=True, kv=_hybrid_kv(16, 16), **QWEN35),
+    "qwen3.5-4b": Shape("qwen35", 32, 2560, 9216, 16, 4, 256, tied=True, kv=_hybrid_kv(16, 32), **QWEN35),
+    "qwen3.6-35b-a3b": Shape("qwen35moe", 40, 2048, 512, 16, 2, 256, tied=False, n_expert=256, n_expert_used=8,
+                             n_ff_exp=512, kv={**_hybrid_kv(16, 32), "expert_shared_feed_forward_length": 512},
+                             **QWEN35),
     "phi-4-mini": Shape("phi3", 32, 3072, 8192, 24, 8, 128, 10000.0, True, O200K, 200064,
                         n_ctx=131072,
                         kv={"rope.dimension_count": 96, "rope.scaling.original_context_length": 4096,
@@ -107,7 +127,7 @@ more_bits = use_more_bits   # the name the first version of bench/synthetic.py h
 def quantized(name: str, dims: tuple) -> bool:
     """tensor_allows_quantization: 2-D and 3-D *.weight tensors, not norms nor the expert router."""
     return (len(dims) >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name)
+            and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name)
 
 
 def _category(name: str) -> str:
@@ -189,6 +209,9 @@ def plan(shape: Shape, n_layer: int, n_vocab: int) -> list[Tensor]:
     for l in range(n_layer):
         p = f"blk.{l}."
         t = lambda name, dims, kind="mat": out.append(Tensor(p + name, dims, l, kind))  # noqa: E731
+        if s.arch.startswith("qwen35"):
+            _hybrid_layer(s, l, t)
+            continue
         t("attn_norm.weight", (d,), "ones")
         if s.arch == "phi3":
             t("attn_qkv.weight", (nh * hd + 2 * nkv * hd, d))
@@ -225,6 +248,46 @@ def plan(shape: Shape, n_layer: int, n_vocab: int) -> list[Tensor]:
     return out
 
 
+def _hybrid_layer(s: Shape, l: int, t) -> None:
+    """One layer of a Qwen3.5 hybrid, in the converter's order: a gated delta net (3 of 4) or gated
+    full attention, then the FFN (dense, or experts with a shared expert)."""
+    d, hd, nh, nkv = s.n_embd, s.head_dim, s.n_head, s.n_head_kv
+    nk, nv, ds = s.kv["ssm.group_count"], s.kv["ssm.time_step_rank"], s.kv["ssm.state_size"]
+    C, inner = (2 * nk + nv) * ds, nv * ds
+    t("attn_norm.weight", (d,), "ones")
+    t("post_attention_norm.weight", (d,), "ones")
+    if (l + 1) % s.kv["full_attention_interval"]:
+        t("attn_qkv.weight", (C, d))
+        t("attn_gate.weight", (inner, d))
+        t("ssm_conv1d.weight", (C, s.kv["ssm.conv_kernel"]), "conv")
+        t("ssm_dt.bias", (nv,), "dt_bias")
+        t("ssm_a", (nv,), "ssm_a")
+        t("ssm_beta.weight", (nv, d))
+        t("ssm_alpha.weight", (nv, d))
+        t("ssm_norm.weight", (ds,), "ones")
+        t("ssm_out.weight", (d, inner))
+    else:
+        t("attn_q.weight", (2 * nh * hd, d))   # per head: the query, then its gate
+        t("attn_k.weight", (nkv * hd, d))
+        t("attn_v.weight", (nkv * hd, d))
+        t("attn_output.weight", (d, nh * hd))
+        t("attn_q_norm.weight", (hd,), "ones")
+        t("attn_k_norm.weight", (hd,), "ones")
+    if s.moe:
+        E, fe, fs = s.n_expert, s.n_ff_exp, s.kv["expert_shared_feed_forward_length"]
+        t("ffn_gate_inp.weight", (E, d), "router")
+        for n, dims in (("ffn_gate_exps", (E, fe, d)), ("ffn_up_exps", (E, fe, d)), ("ffn_down_exps", (E, d, fe))):
+            t(n + ".weight", dims)
+        t("ffn_gate_inp_shexp.weight", (d,), "bias")
+        t("ffn_gate_shexp.weight", (fs, d))
+        t("ffn_up_shexp.weight", (fs, d))
+        t("ffn_down_shexp.weight", (d, fs))
+    else:
+        t("ffn_gate.weight", (s.n_ff, d))
+        t("ffn_up.weight", (s.n_ff, d))
+        t("ffn_down.weight", (d, s.n_ff))
+
+
 def metadata(shape: Shape, n_layer: int, n_vocab: int) -> dict:
     """The "<arch>.*" keys, as the converter class of the architecture writes them."""
     s = shape
@@ -239,6 +302,8 @@ def metadata(shape: Shape, n_layer: int, n_vocab: int) -> dict:
         kv.update({"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
                    "expert_feed_forward_length": s.n_ff_exp})
     kv.update(s.kv)
+    if s.arch.startswith("qwen35"):   # the converter writes the layer kinds too
+        kv["attention.recurrent_layers"] = [bool((i + 1) % s.kv["full_attention_interval"]) for i in range(n_layer)]
     return kv
 
 

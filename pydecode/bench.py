@@ -144,8 +144,9 @@ def bench_threads(path, threads: int, n_prompt: int, n_gen: int, reps: int, dept
     kv_elem = m.kv_elem_bytes
     tests = [(f"pp{n_prompt}", None, 0)] if n_prompt else []
     for depth in depths:
-        # tg reads every weight plus the KV cache: on average depth + n_gen/2 positions per step
-        kv = m.config.kv_bytes_per_token(kv_elem) * (depth + n_gen / 2)
+        # tg reads every weight plus the KV cache: on average depth + n_gen/2 positions per step;
+        # a hybrid's recurrent state, whatever the depth, read and written once (ArchConfig.ssm_state_bytes)
+        kv = m.config.kv_bytes_per_token(kv_elem) * (depth + n_gen / 2) + 2 * m.config.ssm_state_bytes()
         tests.append((f"tg{n_gen}" + (f" @ d{depth}" if depth else ""), depth, int(m.weight_bytes() + kv)))
     rows = []
     for test, depth, bpt in tests:

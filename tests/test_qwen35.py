@@ -155,3 +155,35 @@ def test_q8_0_cache_and_more_slots(hybrid):
         q8.grow_slots(3)
         np.testing.assert_allclose(q8.prefill(toks, seq=2, all_logits=True), q8.prefill(toks, seq=0, all_logits=True),
                                    atol=1e-6)
+
+
+def test_synthetic_shapes_write_load_and_match(tmp_path):
+    """bench/synthetic.py's Qwen3.5 shapes (shrunk to test size, the real layout and quant mix,
+    the Qwen3.5 pre-tokenizer's vocabulary) load and match the reference; the real shapes plan
+    the tensors llama.cpp's converter writes."""
+    import dataclasses
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("synthetic", Path(__file__).resolve().parents[1] / "bench" / "synthetic.py")
+    synthetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synthetic)
+    from synthetic_shapes import _hybrid_kv
+    S = synthetic.SHAPES
+    real = synthetic.plan_types("qwen3.6-35b-a3b", "q4_k_m", 248320, 4)
+    assert real["blk.0.attn_qkv.weight"][0] == (8192, 2048) and real["blk.3.attn_q.weight"][0] == (8192, 2048)
+    assert real["blk.0.ssm_conv1d.weight"][1] == synthetic.QT.F32 and real["blk.0.ffn_down_exps.weight"][0] == (256, 2048, 512)
+    for name in ("qwen3.5-0.8b", "qwen3.6-35b-a3b"):
+        s = S[name]
+        small = dataclasses.replace(s, n_embd=256, n_ff=512 if not s.moe else 256, n_head=4, n_head_kv=2, head_dim=64,
+                                    kv={**s.kv, **_hybrid_kv(2, 4, 32), "rope.dimension_count": 16,
+                                        "rope.dimension_sections": [3, 3, 2, 0]},
+                                    **({"n_expert": 4, "n_expert_used": 2, "n_ff_exp": 128} if s.moe else {}))
+        if s.moe:
+            small = dataclasses.replace(small, kv={**small.kv, "expert_shared_feed_forward_length": 256})
+        path = synthetic.write(small, "q4_k_m", tmp_path / f"{name}.gguf", layers=4)
+        toks = np.random.default_rng(11).integers(0, 5000, 8).tolist()
+        with pydecode.Model(path, n_ctx=32, n_threads=2) as m:
+            assert m.config.recurrent == (True, True, True, False) and m.tokenizer.encode("hello world")
+            ours = m.prefill(toks, all_logits=True)
+        ref8 = Qwen35Reference(path, act_quant=True).logits(toks)
+        assert _rel(ours, ref8) <= 2 * QUANT_TOL, name   # (K-quants' 256-blocks: measured 2.1%)
