@@ -65,21 +65,15 @@ def _shapes(model) -> dict:
             "k_rotation": "hadamard32" if model.kv_type == "q8_0" else "none",
             "sliding_window": c.sliding_window,
             "local_layers": "".join("1" if c.layer_is_local(layer) else "0" for layer in range(c.n_layer)),
+            # a hybrid's recurrent layers and their state (after the K/V rows in the payload)
+            **({"recurrent": "".join("1" if r else "0" for r in c.recurrent),
+                "ssm": [c.ssm_d_conv, c.ssm_n_k, c.ssm_n_v, c.ssm_d_state]} if c.recurrent else {}),
             # LongRoPE (phi3): the factors K was rotated with depend on the context (ArchConfig.rope_factors)
             **({"rope_factors": rf} if (rf := c.rope_factors(model.gguf, model.n_ctx)) else {})}
 
 
-def _no_hybrid(model, what: str) -> None:
-    """A hybrid's slot is more than its K/V (csrc/core/deltanet.h): its recurrent state is not in
-    these files yet, so they are refused rather than restored half."""
-    if model.config.recurrent:
-        raise StateFileError(f"{what}: state files of hybrid models ({model.config.arch}: recurrent layers) are not "
-                             f"supported yet (the recurrent state is not saved)")
-
-
 def dumps(model, slot: int, tokens: list[int]) -> bytes:
     """Slot `slot`'s state, holding the K/V of `tokens` (positions 0..len-1), as bytes."""
-    _no_hybrid(model, "state")
     tokens = [int(t) for t in tokens]
     payload = model.export_kv(slot, len(tokens))
     header = json.dumps({
@@ -140,7 +134,6 @@ def parse(model, data, what: str = "state") -> tuple[list[int], memoryview]:
 
 def loads(model, data, slot: int, what: str = "state", *, lease: object = None) -> list[int]:
     """Restores a state (dumps' bytes) into slot `slot`; returns the tokens it holds."""
-    _no_hybrid(model, what)
     tokens, payload = parse(model, data, what)
     try:
         model.import_kv(slot, len(tokens), payload, lease=lease)

@@ -123,13 +123,50 @@ def test_batched_equals_alone_and_prefix_reuse(hybrid):
             e.submit(prompts[0], 10, ignore_eos=True).result(TIMEOUT)   # the slot holds `held` again
 
 
-def test_unsupported_yet_is_refused(hybrid, tmp_path):
+def test_drafts_are_refused_for_now(hybrid):
     with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=1)) as llm:
         with pytest.raises(ValueError, match="speculative decoding of a hybrid"):
             Engine(llm.model, draft="lookup")
-        llm.generate([1, 2, 3], 4)
-        with pytest.raises(ValueError, match="hybrid models"):
-            llm.engine.save_state(tmp_path / "s.state")
+
+
+def test_state_files_carry_the_recurrent_state(hybrid, tmp_path):
+    """A saved slot holds its K/V and its recurrent state: restored in a new process, the
+    continuation is the exporter's, bit for bit; a truncated file, or one of another model, is
+    refused and changes nothing."""
+    import json
+    import subprocess
+    import sys
+    prompt = np.random.default_rng(12).integers(0, 256, 9).tolist()
+    path = tmp_path / "slot.state"
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=1)) as llm:
+        h = llm.engine.submit(prompt, 6, ignore_eos=True)
+        first = h.result(TIMEOUT)
+        held = llm.model.slots.held(h.slot)
+        assert llm.engine.save_state(path, h) == len(held)
+        more = held + [7, 8]
+        want = llm.engine.submit(more, 6, logprobs=3, ignore_eos=True).result(TIMEOUT)
+        assert want.stats.cached_tokens == len(held) and first.tokens
+        data = path.read_bytes()
+        for bad in (data[:len(data) // 2], data[:-1]):
+            (tmp_path / "bad.state").write_bytes(bad)
+            with pytest.raises(ValueError):
+                llm.engine.load_state(tmp_path / "bad.state")
+    code = f"""
+import json, pydecode
+llm = pydecode.LLM(pydecode.Model({str(hybrid)!r}, n_ctx=64, n_threads=1))
+held = llm.engine.load_state({str(path)!r})
+c = llm.engine.submit(held + [7, 8], 6, logprobs=3, ignore_eos=True).result(60)
+print(json.dumps([c.stats.cached_tokens, c.tokens, [lp for _, lp, _ in c.logprobs]]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    cached, toks, lps = json.loads(out.stdout.strip().splitlines()[-1])
+    assert cached == len(held) and toks == want.tokens and lps == [lp for _, lp, _ in want.logprobs]
+    other = tmp_path / "other.gguf"
+    write_tiny_hybrid(other, n_v=2)   # other recurrent shapes
+    with pydecode.LLM(pydecode.Model(other, n_ctx=64, n_threads=1)) as llm:
+        with pytest.raises(ValueError):
+            llm.engine.load_state(path)
 
 
 def test_context_shift_recomputes_the_kept_context(hybrid):

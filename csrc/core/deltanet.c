@@ -143,6 +143,22 @@ int pd_model_ssm_pos(const pd_model *m, int seq) {
 
 size_t pd_model_ssm_bytes(const pd_model *m) { return m ? m->ssm.state_bytes : 0; }
 
+size_t pd_ssm_slot_bytes(const pd_model *m) { return m->ssm.n_rec ? slot_bytes(&m->c) : 0; }
+
+void pd_ssm_copy_slot(pd_model *m, int seq, char *buf, int to_state) {
+    const pd_config *c = &m->c;
+    for (int l = 0; m->ssm.n_rec && l < c->n_layer; l++) {
+        if (!m->ssm.layers[l]) continue;
+        float *part[2] = { m->ssm.conv[l] + (size_t)seq * conv_floats(c), m->ssm.state[l] + (size_t)seq * state_floats(c) };
+        const size_t bytes[2] = { conv_floats(c) * sizeof(float), state_floats(c) * sizeof(float) };
+        for (int i = 0; i < 2; i++) {
+            if (to_state) memcpy(part[i], buf, bytes[i]);
+            else memcpy(buf, part[i], bytes[i]);
+            buf += bytes[i];
+        }
+    }
+}
+
 /* ---------------- a step's positions ---------------- */
 
 int pd_ssm_check_step(pd_model *m, const int32_t *pos, const int32_t *seq, int n) {

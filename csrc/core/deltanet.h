@@ -50,4 +50,8 @@ int pd_ssm_grow(struct pd_model *m, int n_seq);   /* the states of n_seq slots (
  * they will be. PD_OK or an error in m->err. */
 int pd_ssm_check_step(struct pd_model *m, const int32_t *pos, const int32_t *seq, int n);
 void pd_ssm_advance(struct pd_model *m, const int32_t *pos, const int32_t *seq, int n);
+/* One slot's states as bytes (state files, kvstate.c): every recurrent layer's convolution
+ * inputs then its heads' matrices, f32, in layer order; 0 bytes for a model without them. */
+size_t pd_ssm_slot_bytes(const struct pd_model *m);
+void pd_ssm_copy_slot(struct pd_model *m, int seq, char *buf, int to_state);
 #endif

@@ -14,10 +14,12 @@ static int kept_from(const pd_model *m, int l, int n_pos) {
     return pd_layer_is_local(&m->c, l) && n_pos > w ? n_pos - w : 0;
 }
 
+/* A hybrid's recurrent states (deltanet.h) follow the K/V rows: they are the slot's too. */
 size_t pd_model_kv_export_bytes(const pd_model *m, int n_pos) {
     if (!m || n_pos < 0 || n_pos > m->c.n_ctx) return 0;
-    size_t total = 0;
-    for (int l = 0; l < m->c.n_layer; l++) total += 2 * (size_t)(n_pos - kept_from(m, l, n_pos)) * m->kv_row_bytes;
+    size_t total = pd_ssm_slot_bytes(m);
+    for (int l = 0; l < m->c.n_layer; l++)
+        if (m->kv_cap[l]) total += 2 * (size_t)(n_pos - kept_from(m, l, n_pos)) * m->kv_row_bytes;
     return total;
 }
 
@@ -32,9 +34,12 @@ static int copy_slot(pd_model *m, int seq, int n_pos, char *buf, size_t len, int
     if (len != pd_model_kv_export_bytes(m, n_pos))
         return pd_set_err(m->err, sizeof m->err, "%zu bytes given for %d positions, which take %zu here",
                           len, n_pos, pd_model_kv_export_bytes(m, n_pos));
+    if (m->ssm.n_rec && !to_cache && m->ssm.pos[seq] != n_pos)   /* the states hold exactly those positions */
+        return pd_set_err(m->err, sizeof m->err, "sequence slot %d: its recurrent state holds %d positions, not %d",
+                          seq, m->ssm.pos[seq], n_pos);
     const size_t row = m->kv_row_bytes;
     for (int l = 0; l < m->c.n_layer; l++)
-        for (int kv = 0; kv < 2; kv++) {
+        for (int kv = 0; kv < 2 && m->kv_cap[l]; kv++) {
             char *cache = kv ? (char *)m->vc[l] : (char *)m->kc[l];
             for (int p = kept_from(m, l, n_pos); p < n_pos; p++, buf += row) {
                 char *r = cache + pd_kv_layer_off(m, l, seq, p);
@@ -42,6 +47,8 @@ static int copy_slot(pd_model *m, int seq, int n_pos, char *buf, size_t len, int
                 else memcpy(buf, r, row);
             }
         }
+    pd_ssm_copy_slot(m, seq, buf, to_cache);
+    if (m->ssm.n_rec && to_cache) m->ssm.pos[seq] = n_pos;
     return PD_OK;
 }
 
