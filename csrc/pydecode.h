@@ -169,6 +169,11 @@ int pd_model_grow_seq(pd_model *m, int n_seq);
  * layers), and a step of that slot must start at that position or at 0 (which starts it afresh). */
 int pd_model_ssm_pos(const pd_model *m, int seq);
 size_t pd_model_ssm_bytes(const pd_model *m);   /* the recurrent state's bytes, every slot */
+/* One slot's recurrent state copied out (restore 0) or back (restore 1, the slot then holding
+ * positions 0..pos-1): len must be pd_model_ssm_slot_bytes. For speculative decoding, which
+ * rolls a rejected draft back by restoring and re-running the accepted tokens. */
+size_t pd_model_ssm_slot_bytes(const pd_model *m);
+int pd_model_ssm_snapshot(pd_model *m, int seq, void *buf, size_t len, int restore, int pos);
 /* Weights repacked at load into a faster layout (pd_model_new): how many tensors, their bytes
  * (memory the model holds beyond the mapped file), and tensor i's GGML name of slot / type. */
 int pd_model_n_repacked(const pd_model *m);

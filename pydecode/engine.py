@@ -70,9 +70,6 @@ class Engine(SlotStates):
         # Speculative decoding (pydecode/speculative.py): "lookup", a speculative.DraftModel, or None.
         if not (draft is None or draft == "lookup" or isinstance(draft, speculative.DraftModel)):
             raise ValueError(f"draft must be None, 'lookup' or a speculative.DraftModel, got {draft!r}")
-        if draft is not None and model.config.recurrent:
-            raise ValueError(f"speculative decoding of a hybrid model ({model.config.arch}: recurrent layers) is not "
-                             f"supported yet: a rejected draft would need the recurrent state rolled back")
         self.draft = draft
         self._costs = speculative.PassCosts(speculative.verify_costs(model)) if draft is not None else None
         self._follows_model = max_seqs is None    # max_seqs grows with the model's slots (grow)
@@ -385,6 +382,10 @@ class Engine(SlotStates):
                 tokens, pos, slots, out, first = self._layout(items)
                 for s, toks, _ in items:   # before the call: an interrupt may come once it wrote them
                     s.written = max(s.written, len(s.kv) + len(toks))
+                # A hybrid's recurrent state absorbs every token verified, rejected ones too: it is
+                # copied first, to be put back and fed only the accepted ones (_roll_back).
+                snaps = {id(s): self.model.ssm_snapshot(s.slot) for s, _, n_rows in items
+                         if n_rows > 1 and self.model.config.recurrent}
                 t0 = time.perf_counter()
                 logits = self._model_call(tokens, pos, slots, out, items)
                 dt = time.perf_counter() - t0
@@ -419,6 +420,8 @@ class Engine(SlotStates):
                 except BaseException as e:   # its policy state is half-updated: end it with the interrupt
                     results.append((s, [], e))
                     raise
+                if id(s) in snaps and used < len(toks):
+                    self._roll_back(s, snaps[id(s)], toks[:used])
                 s.kv += toks[:used]
                 s.policy.stats.positions_computed += len(toks)
                 results.append((s, pieces, None))
@@ -445,6 +448,17 @@ class Engine(SlotStates):
                     self.model.set_summary(0.0)
                 except Exception:     # closed meanwhile: nothing left to summarize for
                     pass
+
+    def _roll_back(self, s: _Seq, snap, accepted: list[int]) -> None:
+        """(Outside the lock, in the step.) A verification pass of a hybrid rejected drafts: its
+        recurrent state is put back as it was before the pass and fed the accepted tokens (their
+        K/V rows are rewritten with the same values), so the slot holds exactly them. The cost:
+        one more pass over the accepted tokens, when a draft is rejected."""
+        n = len(s.kv)
+        self.model.ssm_restore(s.slot, snap, n, lease=s)
+        if accepted:
+            self.model.prefill(accepted, n, seq=s.slot, lease=s)
+        s.written = n + len(accepted)
 
     def _reap(self) -> None:
         """Under the lock, no step running: ends cancelled requests (active ones free their slot)."""

@@ -420,6 +420,25 @@ class Model:
             self._usable(slot, lease)
             self._check(lib.pd_model_kv_import(self._ptr, slot, n_pos, ffi.from_buffer(view), len(view)))
 
+    def ssm_snapshot(self, seq: int) -> bytearray:
+        """A copy of slot seq's recurrent state (a hybrid's; empty otherwise)."""
+        slot = self._slot(seq)
+        with self._lock:
+            self._usable(None, None)
+            buf = bytearray(lib.pd_model_ssm_slot_bytes(self._ptr))
+            if buf:
+                self._check(lib.pd_model_ssm_snapshot(self._ptr, slot, ffi.from_buffer(buf), len(buf), 0, 0))
+        return buf
+
+    def ssm_restore(self, seq: int, snapshot, pos: int, *, lease: object = None) -> None:
+        """Puts an ssm_snapshot back: slot seq's recurrent state then holds positions 0..pos-1."""
+        slot = self._slot(seq)
+        view = memoryview(snapshot).cast("B")
+        with self._lock:
+            self._usable(slot, lease)
+            if len(view):
+                self._check(lib.pd_model_ssm_snapshot(self._ptr, slot, ffi.from_buffer(view), len(view), 1, pos))
+
     def _slot(self, seq) -> int:
         if not _is_int(seq) and not isinstance(seq, np.integer) or not 0 <= seq < self.n_seq:
             raise ValueError(f"sequence slot must be an integer in 0..{self.n_seq - 1}, got {seq!r}")

@@ -123,10 +123,32 @@ def test_batched_equals_alone_and_prefix_reuse(hybrid):
             e.submit(prompts[0], 10, ignore_eos=True).result(TIMEOUT)   # the slot holds `held` again
 
 
-def test_drafts_are_refused_for_now(hybrid):
-    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=1)) as llm:
-        with pytest.raises(ValueError, match="speculative decoding of a hybrid"):
-            Engine(llm.model, draft="lookup")
+def test_speculative_equals_plain(hybrid):
+    """Drafts verified in one pass, rejected ones rolled back (the recurrent state restored and
+    fed the accepted tokens): greedy output with prompt lookup or a draft model (the same file)
+    equals plain decoding, and the slot then holds exactly the accepted tokens."""
+    from pydecode import speculative
+    rng = np.random.default_rng(13)
+    base = rng.integers(0, 256, 6).tolist()
+    prompts = [base * 3 + [9], rng.integers(0, 256, 10).tolist()]   # repetitive: lookup drafts
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=128, n_threads=2, n_seq=2)) as llm:
+        plain = [llm.engine.submit(p, 24, logprobs=2, ignore_eos=True).result(TIMEOUT) for p in prompts]
+        for draft in ("lookup", speculative.DraftModel(llm.model, hybrid)):
+            e = Engine(llm.model, draft=draft)
+            try:
+                got = [h.result(TIMEOUT) for h in [e.submit(p, 24, logprobs=2, ignore_eos=True) for p in prompts]]
+                again = e.submit(prompts[0] + got[0].tokens[:-1] + [3], 4, ignore_eos=True).result(TIMEOUT)
+            finally:
+                e.close()
+                if draft != "lookup":
+                    draft.close()
+            assert [c.tokens for c in got] == [c.tokens for c in plain], draft
+            for c, want in zip(got, plain):
+                assert all(abs(x[1] - y[1]) <= 1e-3 for x, y in zip(c.logprobs, want.logprobs))
+            assert sum(c.stats.draft_tokens for c in got) > 0
+            if draft == "lookup":   # (random weights: the lookup's guesses are rejected, and rolled back)
+                assert sum(c.stats.accepted_tokens for c in got) < sum(c.stats.draft_tokens for c in got)
+            assert again.stats.cached_tokens == len(prompts[0]) + len(got[0].tokens) - 1
 
 
 def test_state_files_carry_the_recurrent_state(hybrid, tmp_path):

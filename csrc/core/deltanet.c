@@ -159,6 +159,21 @@ void pd_ssm_copy_slot(pd_model *m, int seq, char *buf, int to_state) {
     }
 }
 
+size_t pd_model_ssm_slot_bytes(const pd_model *m) { return m ? pd_ssm_slot_bytes(m) : 0; }
+
+int pd_model_ssm_snapshot(pd_model *m, int seq, void *buf, size_t len, int restore, int pos) {
+    if (!m || !buf) return PD_EINVAL;
+    if (seq < 0 || seq >= m->c.n_seq)
+        return pd_set_err(m->err, sizeof m->err, "sequence slot %d is outside 0..%d", seq, m->c.n_seq - 1);
+    if (len != pd_ssm_slot_bytes(m))
+        return pd_set_err(m->err, sizeof m->err, "%zu bytes given for a recurrent state of %zu", len, pd_ssm_slot_bytes(m));
+    if (restore && (pos < 0 || pos > m->c.n_ctx))
+        return pd_set_err(m->err, sizeof m->err, "position %d outside 0..%d", pos, m->c.n_ctx);
+    pd_ssm_copy_slot(m, seq, buf, restore);
+    if (restore && m->ssm.n_rec) m->ssm.pos[seq] = pos;
+    return PD_OK;
+}
+
 /* ---------------- a step's positions ---------------- */
 
 int pd_ssm_check_step(pd_model *m, const int32_t *pos, const int32_t *seq, int n) {
