@@ -47,6 +47,63 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 32.0, low: flo
     return np.array(mod.llama3_rope_freqs(head_dim, base, factor, low, high, orig_ctx), np.float32)
 
 
+def _add_tokenizer(w) -> None:
+    """The tiny models' tokenizer: the byte alphabet, <|bos|> <|eos|>, one merge, unused tokens."""
+    tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 3, 1] + [3] * (N_VOCAB - 259))
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_add_bos_token(False)
+
+
+def _writer(path, arch: str, n_layer: int, n_embd: int, n_ff: int) -> GGUFWriter:
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    return w
+
+
+def _write_out(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _tensor_writers(w, rng, weight_types):
+    """(matrix, vector): add a random matrix (the next of weight_types in turn; experts: a 3-D
+    stack) or an F32 vector around `center` to the writer."""
+    types = iter(weight_types * 1000)
+
+    def matrix(name, rows, cols, scale=None, experts=0):
+        shape = (experts, rows, cols) if experts else (rows, cols)   # an expert tensor: [cols, rows, experts] in GGML
+        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
+        t = next(types)
+        if t == QT.F32:
+            w.add_tensor(name, a)
+        elif t == QT.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        elif t in (QT.IQ4_NL, QT.IQ4_XS):  # no numpy quantizer: random blocks with sane scales
+            b = random_iq_blocks(t, (experts or 1) * rows, cols, rng, scale or 1.0 / np.sqrt(cols), model_like=True)
+            w.add_tensor(name, b.reshape(shape[:-1] + (b.shape[-1],)), raw_dtype=t)
+        elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
+            block, size = GGML_QUANT_SIZES[t]
+            w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
+        else:
+            w.add_tensor(name, quantize(a, t), raw_dtype=t)
+
+    def vector(name, n, center=1.0, spread=0.1):
+        w.add_tensor(name, (center + spread * rng.standard_normal(n)).astype(np.float32))
+
+    return matrix, vector
+
+
 def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, window: int = 4,
                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0,
@@ -63,11 +120,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
     attn_output bias, YaRN RoPE of that factor over an original context of 8).
     pooling_type: <arch>.pooling_type, llama.cpp's enum (an embedding model's; absent: none)."""
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
+    w = _writer(path, arch, n_layer, n_embd, n_ff)
     dense = arch not in ("qwen3moe", "qwen2moe", "gpt-oss")
     if arch == "gpt-oss":   # gpt-oss's data: sinks, output bias, YaRN (over an original context of 8), SWA
         sinks, out_bias, yarn = True, True, yarn or 4.0
@@ -98,37 +151,9 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
         w.add_rope_scaling_orig_ctx_len(32)
         w.add_rope_scaling_attn_factors(1.19)
         w.add_sliding_window(window)   # Phi-3's key, which llama.cpp (and pydecode) ignore
-    tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 1] + [3] * (N_VOCAB - 259))
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_add_bos_token(False)
+    _add_tokenizer(w)
 
-    types = iter(weight_types * 1000)
-
-    def matrix(name, rows, cols, scale=None, experts=0):
-        shape = (experts, rows, cols) if experts else (rows, cols)   # an expert tensor: [cols, rows, experts] in GGML
-        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
-        t = next(types)
-        if t == QT.F32:
-            w.add_tensor(name, a)
-        elif t == QT.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        elif t in (QT.IQ4_NL, QT.IQ4_XS):  # no numpy quantizer: random blocks with sane scales
-            b = random_iq_blocks(t, (experts or 1) * rows, cols, rng, scale or 1.0 / np.sqrt(cols), model_like=True)
-            w.add_tensor(name, b.reshape(shape[:-1] + (b.shape[-1],)), raw_dtype=t)
-        elif t.name.startswith("IQ"):  # no numpy quantizer: random bytes are a well-formed tensor
-            block, size = GGML_QUANT_SIZES[t]
-            w.add_tensor(name, rng.integers(0, 256, shape[:-1] + (cols // block * size,), dtype=np.uint8), raw_dtype=t)
-        else:
-            w.add_tensor(name, quantize(a, t), raw_dtype=t)
-
-    def vector(name, n, center=1.0, spread=0.1):
-        w.add_tensor(name, (center + spread * rng.standard_normal(n)).astype(np.float32))
+    matrix, vector = _tensor_writers(w, rng, weight_types)
 
     qd, kvd = n_head * head_dim, n_head_kv * head_dim
     w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
@@ -191,10 +216,7 @@ def write_tiny_model(path, arch: str = "gemma3", *, n_layer: int = 7, n_embd: in
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w)
 
 
 def tiny_server(tmp_path_factory, n_ctx: int):
@@ -230,11 +252,7 @@ def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int 
     its oracle."""
     arch = "qwen35moe" if moe else "qwen35"
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
+    w = _writer(path, arch, n_layer, n_embd, n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -250,30 +268,8 @@ def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int 
         for key, value in (("expert_count", n_expert), ("expert_used_count", n_expert_used),
                            ("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff)):
             w.add_uint32(f"{arch}.{key}", value)
-    tokens = _byte_tokens() + ["<|bos|>", "<|eos|>", "ab"] + [f"<unused{i}>" for i in range(N_VOCAB - 259)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 1] + [3] * (N_VOCAB - 259))
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_add_bos_token(False)
-    types = iter(weight_types * 1000)
-
-    def matrix(name, rows, cols, scale=None, experts=0):
-        shape = (experts, rows, cols) if experts else (rows, cols)
-        a = rng.standard_normal(shape).astype(np.float32) * (scale or 1.0 / np.sqrt(cols))
-        t = next(types)
-        if t == QT.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        elif t == QT.F32:
-            w.add_tensor(name, a)
-        else:
-            w.add_tensor(name, quantize(a, t), raw_dtype=t)
-
-    def vector(name, n, center=1.0, spread=0.1):
-        w.add_tensor(name, (center + spread * rng.standard_normal(n)).astype(np.float32))
+    _add_tokenizer(w)
+    matrix, vector = _tensor_writers(w, rng, weight_types)
 
     qd, kvd, key_dim, value_dim = n_head * head_dim, n_head_kv * head_dim, n_k * d_state, n_v * d_state
     w.add_tensor("token_embd.weight", quantize(rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32), QT.Q8_0),
@@ -315,7 +311,4 @@ def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int 
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w)
