@@ -128,10 +128,13 @@ def _gguf_type(val) -> tuple:
     return kinds[type(val)], None
 
 
-def copy_tokenizer(writer: GGUFWriter, src: str, vocab: int | None) -> int:
-    """The tokenizer.* keys of tokenizer source src; returns the vocabulary size (padded to vocab if given)."""
+def copy_tokenizer(writer: GGUFWriter, src: str, vocab: int | None, skip=()) -> int:
+    """The tokenizer.* keys of tokenizer source src (but those in skip); returns the vocabulary
+    size (padded to vocab if given)."""
     n = 0
     for key, val in _tokenizer_keys(str(src)):
+        if key in skip:
+            continue
         if key == "tokenizer.ggml.tokens":
             n = len(val)
             if vocab and vocab > n:
@@ -207,7 +210,10 @@ def write(shape: str | Shape, mix: str, out: Path, vocab: int | None = None, see
     w = GGUFWriter(str(out), s.arch)
     cut = f" {n_layer} of {s.n_layer} layers" if n_layer < s.n_layer else ""
     w.add_name(f"synthetic {name} {mix}{cut}")
-    n_vocab = copy_tokenizer(w, s.tokenizer, vocab)
+    n_vocab = copy_tokenizer(w, s.tokenizer, vocab, skip=("tokenizer.chat_template",) if s.template else ())
+    if s.template:   # (in place of the tokenizer source's, which copy_tokenizer left out)
+        w.add_chat_template((Path(__file__).resolve().parents[1] / "tests" / "data" / "chat-templates" / s.template)
+                            .read_text(encoding="utf-8"))
     for key, val in metadata(s, n_layer, n_vocab).items():
         _add_kv(w, f"{s.arch}.{key}", val)
     w.add_file_type(FILE_TYPE[mix])

@@ -44,6 +44,7 @@ class Shape:
     llama3_rope: tuple | None = None   # (factor, low_freq_factor, high_freq_factor, original ctx)
     kv: dict = field(default_factory=dict)   # further "<arch>.<key>" values the converter writes
     default_mix: str = "q4_k_m"   # the file people download
+    template: str | None = None   # a chat template of tests/data/chat-templates (llama.cpp's set) to carry
 
     @property
     def moe(self) -> bool:
@@ -52,7 +53,7 @@ class Shape:
 
 LLAMA = dict(llama_keys=True)
 QWEN35 = dict(tokenizer=QWEN35_VOCAB, n_vocab=248320, n_ctx=262144, rms_eps=1e-6, head_dim_keys=True,
-              rope_base=10000000.0)
+              rope_base=10000000.0, template="Qwen3.5-4B.jinja")
 
 
 def _hybrid_kv(n_k: int, n_v: int, d: int = 128) -> dict:

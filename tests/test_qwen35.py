@@ -243,6 +243,7 @@ def test_synthetic_shapes_write_load_and_match(tmp_path):
         toks = np.random.default_rng(11).integers(0, 5000, 8).tolist()
         with pydecode.Model(path, n_ctx=32, n_threads=2) as m:
             assert m.config.recurrent == (True, True, True, False) and m.tokenizer.encode("hello world")
+            assert "<think>" in m.gguf.metadata["tokenizer.chat_template"]   # Qwen3.5's, with its reasoning
             ours = m.prefill(toks, all_logits=True)
         ref8 = Qwen35Reference(path, act_quant=True).logits(toks)
         assert _rel(ours, ref8) <= 2 * QUANT_TOL, name   # (K-quants' 256-blocks: measured 2.1%)
