@@ -247,3 +247,19 @@ def test_synthetic_shapes_write_load_and_match(tmp_path):
             ours = m.prefill(toks, all_logits=True)
         ref8 = Qwen35Reference(path, act_quant=True).logits(toks)
         assert _rel(ours, ref8) <= 2 * QUANT_TOL, name   # (K-quants' 256-blocks: measured 2.1%)
+
+
+def test_mtp_layers_are_skipped(tmp_path):
+    """A file with the multi-token-prediction block (block_count counts it, nextn_predict_layers
+    says so) loads as the layers before it, as llama.cpp does; pydecode info says so."""
+    from click.testing import CliRunner
+    from pydecode.cli import main
+    plain, mtp = tmp_path / "plain.gguf", tmp_path / "mtp.gguf"
+    write_tiny_hybrid(plain)
+    write_tiny_hybrid(mtp, mtp=True)
+    toks = np.random.default_rng(14).integers(0, N_VOCAB, 7).tolist()
+    with pydecode.Model(plain, n_ctx=32, n_threads=1) as a, pydecode.Model(mtp, n_ctx=32, n_threads=1) as b:
+        assert b.config.n_layer == 4 and b.config.n_mtp == 1 and b.config.recurrent == a.config.recurrent
+        np.testing.assert_array_equal(a.prefill(toks, all_logits=True), b.prefill(toks, all_logits=True))
+    out = CliRunner().invoke(main, ["info", str(mtp)])
+    assert out.exit_code == 0 and "1 multi-token-prediction layer(s) skipped" in out.output, out.output

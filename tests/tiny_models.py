@@ -244,15 +244,20 @@ def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int 
                       n_head_kv: int = 2, head_dim: int = 32, n_ff: int = 96, n_k: int = 2, n_v: int = 4,
                       d_state: int = 32, d_conv: int = 4, interval: int = 4, rope_dim: int = 16,
                       n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
-                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0) -> None:
+                      weight_types=(QT.Q8_0, QT.Q5_0, QT.F16, QT.Q4_1), seed: int = 0, mtp: bool = False) -> None:
     """A tiny Qwen3.5 hybrid (qwen35; qwen35moe with moe): every `interval`-th layer full gated
     attention, the others gated delta nets of n_k key heads and n_v value heads (n_v / n_k query
     heads share a key head, as in the real models) of d_state dims, with the tensors and keys
     llama.cpp's converter writes (src/models/qwen35.cpp reads them). tests/reference_qwen35.py is
-    its oracle."""
+    its oracle. mtp: a multi-token-prediction block after the layers, as the converter writes it
+    (block_count counts it; nextn_predict_layers 1; the layer kinds as attention.recurrent_layers),
+    drawn last: the other tensors are those of the file without it."""
     arch = "qwen35moe" if moe else "qwen35"
     rng = np.random.default_rng(seed)
-    w = _writer(path, arch, n_layer, n_embd, n_ff)
+    w = _writer(path, arch, n_layer + mtp, n_embd, n_ff)
+    if mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
+        w.add_array(f"{arch}.attention.recurrent_layers", [(i + 1) % interval != 0 for i in range(n_layer)] + [False])
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_key_length(head_dim)
@@ -311,4 +316,15 @@ def write_tiny_hybrid(path, *, moe: bool = False, n_layer: int = 4, n_embd: int 
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
             matrix(p + "ffn_down.weight", n_embd, n_ff)
+    if mtp:   # a full-attention block with its nextn projections (never run: skipped on load)
+        p = f"blk.{n_layer}."
+        for name in ("attn_norm", "post_attention_norm", "nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm"):
+            vector(p + name + ".weight", n_embd)
+        matrix(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
+        for name, rows, cols in (("attn_q", 2 * n_head * head_dim, n_embd), ("attn_k", n_head_kv * head_dim, n_embd),
+                                 ("attn_v", n_head_kv * head_dim, n_embd), ("attn_output", n_embd, n_head * head_dim),
+                                 ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+            matrix(p + name + ".weight", rows, cols)
+        vector(p + "attn_q_norm.weight", head_dim)
+        vector(p + "attn_k_norm.weight", head_dim)
     _write_out(w)
