@@ -263,3 +263,38 @@ def test_mtp_layers_are_skipped(tmp_path):
         np.testing.assert_array_equal(a.prefill(toks, all_logits=True), b.prefill(toks, all_logits=True))
     out = CliRunner().invoke(main, ["info", str(mtp)])
     assert out.exit_code == 0 and "1 multi-token-prediction layer(s) skipped" in out.output, out.output
+
+
+def test_served_over_http(tmp_path):
+    """A hybrid behind the server: completions whole and streamed agree, the next request that
+    extends the first reuses its slot, and a JSON schema still parses."""
+    import json
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+    from pydecode.server import ServerState, create_app
+
+    path = tmp_path / "h.gguf"
+    write_tiny_hybrid(path)
+    llm = pydecode.load(str(path), n_ctx=128, n_threads=1)
+    state = ServerState("tiny-hybrid")
+    llm.engine.start()
+    state.ready(llm)
+    try:
+        with TestClient(create_app(state)) as client:
+            body = {"prompt": "abc abc", "max_tokens": 8, "temperature": 0}
+            whole = client.post("/v1/completions", json=body).json()
+            r = client.post("/v1/completions", json={**body, "stream": True})
+            text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in r.text.splitlines()
+                           if line.startswith("data: {"))
+            assert text == whole["choices"][0]["text"]
+            ids = llm.tokenize("abc abc")
+            first = client.post("/completion", json={"prompt": ids, "n_predict": 6, "return_tokens": True}).json()
+            n = client.post("/completion", json={"prompt": ids + first["tokens"] + [5], "n_predict": 2}).json()
+            assert n["timings"]["cache_n"] == len(ids) + len(first["tokens"]) - 1   # the slot's whole run
+            schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+            j = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 24,
+                                                          "response_format": {"type": "json_schema", "json_schema":
+                                                                              {"name": "t", "schema": schema}}}).json()
+            assert isinstance(json.loads(j["choices"][0]["message"]["content"])["a"], int)
+    finally:
+        llm.close()
