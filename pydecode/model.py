@@ -15,6 +15,7 @@ import numpy as np
 from . import _core
 from .config import GLOBAL_TENSORS, INT_MAX, LAYER_TENSORS, ArchConfig, arch_config, check_tokenizer_metadata
 from .hybrid import SSM_TENSORS
+from .model_state import SlotBytes
 from .errors import ContextFullError, ModelClosedError, ModelError, ModelFileChangedError
 from .gguf_file import GGUFFile
 from .host import available_memory, physical_cores  # noqa: F401  (monkeypatched here by tests)
@@ -64,7 +65,7 @@ def token_ids(tokens, n_vocab: int, name: str = "tokens") -> np.ndarray:
     return np.ascontiguousarray(toks, dtype=np.int32)
 
 
-class Model:
+class Model(SlotBytes):
     """A loaded model. Its C calls are serialized by a lock (one step at a time, from any
     thread). close() waits for the step in flight, then frees the C model; any use after it
     raises ModelClosedError.
@@ -387,57 +388,6 @@ class Model:
                                    ffi.cast("float *", logits.ctypes.data))
             self._check(rc)
         return logits
-
-    # ---- a slot's cache as bytes (pydecode/kvstate.py: save / restore, hand-off) ----
-
-    def export_kv(self, seq: int, n_pos: int) -> bytearray:
-        """The K/V rows that positions 0..n_pos-1 of slot seq left in the cache (the ones a later
-        step still reads: a sliding-window layer keeps its last window), in the cache's format."""
-        slot = self._slot(seq)
-        if not _is_int(n_pos) or not 0 <= n_pos <= self.n_ctx:
-            raise ContextFullError(f"{n_pos!r} positions do not fit in the context of {self.n_ctx} tokens")
-        with self._lock:
-            self._usable(None, None)
-            buf = bytearray(lib.pd_model_kv_export_bytes(self._ptr, n_pos))
-            self._check(lib.pd_model_kv_export(self._ptr, slot, n_pos, ffi.from_buffer(buf), len(buf)))
-        return buf
-
-    def kv_export_bytes(self, n_pos: int) -> int:
-        """Bytes export_kv gives for n_pos positions."""
-        with self._lock:
-            self._usable(None, None)
-            return int(lib.pd_model_kv_export_bytes(self._ptr, n_pos))
-
-    def import_kv(self, seq: int, n_pos: int, data, *, lease: object = None) -> None:
-        """Writes what export_kv gave (of a model of the same shapes and kv_type) into slot seq:
-        its steps then continue from position n_pos exactly as the exporter's would. `lease` as
-        in prefill."""
-        slot = self._slot(seq)
-        if not _is_int(n_pos) or not 0 <= n_pos <= self.n_ctx:
-            raise ContextFullError(f"{n_pos!r} positions do not fit in the context of {self.n_ctx} tokens")
-        view = memoryview(data).cast("B")
-        with self._lock:
-            self._usable(slot, lease)
-            self._check(lib.pd_model_kv_import(self._ptr, slot, n_pos, ffi.from_buffer(view), len(view)))
-
-    def ssm_snapshot(self, seq: int) -> bytearray:
-        """A copy of slot seq's recurrent state (a hybrid's; empty otherwise)."""
-        slot = self._slot(seq)
-        with self._lock:
-            self._usable(None, None)
-            buf = bytearray(lib.pd_model_ssm_slot_bytes(self._ptr))
-            if buf:
-                self._check(lib.pd_model_ssm_snapshot(self._ptr, slot, ffi.from_buffer(buf), len(buf), 0, 0))
-        return buf
-
-    def ssm_restore(self, seq: int, snapshot, pos: int, *, lease: object = None) -> None:
-        """Puts an ssm_snapshot back: slot seq's recurrent state then holds positions 0..pos-1."""
-        slot = self._slot(seq)
-        view = memoryview(snapshot).cast("B")
-        with self._lock:
-            self._usable(slot, lease)
-            if len(view):
-                self._check(lib.pd_model_ssm_snapshot(self._ptr, slot, ffi.from_buffer(view), len(view), 1, pos))
 
     def _slot(self, seq) -> int:
         if not _is_int(seq) and not isinstance(seq, np.integer) or not 0 <= seq < self.n_seq:
