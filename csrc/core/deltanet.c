@@ -25,10 +25,14 @@
 
 /* ---------------- config, memory ---------------- */
 
+static int n_recurrent(const pd_config *c) {
+    int n = 0;
+    for (int l = 0; c->recurrent_layers && l < c->n_layer; l++) n += c->recurrent_layers[l] != 0;
+    return n;
+}
+
 int pd_ssm_check_config(const pd_config *c, char *err, int len) {
-    int n_rec = 0;
-    for (int l = 0; c->recurrent_layers && l < c->n_layer; l++) n_rec += c->recurrent_layers[l] != 0;
-    if (!n_rec) return PD_OK;
+    if (!n_recurrent(c)) return PD_OK;
     if (c->ssm_d_conv < 2 || c->ssm_d_conv > 8)
         return pd_set_err(err, len, "ssm.conv_kernel %d outside 2..8", c->ssm_d_conv);
     if (c->ssm_n_k < 1 || c->ssm_n_v < 1 || c->ssm_n_v > 4096 || c->ssm_n_v % c->ssm_n_k)
@@ -42,12 +46,6 @@ int pd_ssm_check_config(const pd_config *c, char *err, int len) {
 
 static size_t conv_floats(const pd_config *c) { return (size_t)(c->ssm_d_conv - 1) * pd_ssm_channels(c); }
 static size_t state_floats(const pd_config *c) { return (size_t)c->ssm_n_v * c->ssm_d_state * c->ssm_d_state; }
-
-static int n_recurrent(const pd_config *c) {
-    int n = 0;
-    for (int l = 0; c->recurrent_layers && l < c->n_layer; l++) n += c->recurrent_layers[l] != 0;
-    return n;
-}
 
 /* Per slot, every recurrent layer: its convolution inputs and its heads' matrices. */
 static size_t slot_bytes(const pd_config *c) {
