@@ -157,6 +157,8 @@ int pd_model_n_seq(const pd_model *m);
  * default). Bigger steps always use every thread. A model too small to gain from every core
  * decodes faster on fewer (pydecode/threadcount.py measures it); results do not change. Not
  * during a step. */
+/* 1: a hybrid's delta rule token by token (the chunked form's twin, for the tests); 0: chunked (default). */
+void pd_model_set_delta_sequential(pd_model *m, int on);
 int pd_model_set_decode_threads(pd_model *m, int n);
 /* m runs its steps on from's thread pool (same thread count; steps of the two serialized by the
  * caller): a draft model beside its target. */
@@ -233,6 +235,11 @@ int pd_kernel_act_mul(const char *isa, float *g, const float *u, int n, int gelu
  * head_dim values per row, rows contiguous); out[n_q][head_dim] = softmax(scale q.K^T) V. */
 int pd_kernel_attn(const char *isa, int kv_type, int n_q, const float *q, const void *k, const void *v,
                    int n_pos, int head_dim, float scale, float *out);
+/* The gated delta rule over n tokens of one head (core/deltanet_chunk.c): S (d x d, value major)
+ * advanced, o[t] = S_t^T q_t; kq: n keys then n queries (d each); chunked by isa's table, or
+ * token by token with sequential (the twin). */
+int pd_kernel_delta_rule(const char *isa, int sequential, float *S, int d, int n, const float *kq, const float *v,
+                         const float *beta, const float *g, float *o);
 /* The kernel table's group entries over one run of n <= 256 rows (rows contiguous, hd values each,
  * in kv_type's format): scores[h][i] = q_h . K_i (unscaled; a Q8_0 cache's query quantized by
  * isa's quantize_q8), then out[h][j] += sum_i scores[h][i] * V_i[j] (out holds its input). */

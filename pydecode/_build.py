@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 SOURCES = [
-    "csrc/core/forward.c", "csrc/core/moe.c", "csrc/core/deltanet.c", "csrc/core/attention.c", "csrc/core/kvstate.c", "csrc/core/step.c", "csrc/core/load.c", "csrc/core/threadpool.c",
+    "csrc/core/forward.c", "csrc/core/moe.c", "csrc/core/deltanet.c", "csrc/core/deltanet_chunk.c", "csrc/core/attention.c", "csrc/core/kvstate.c", "csrc/core/step.c", "csrc/core/load.c", "csrc/core/threadpool.c",
     "csrc/core/mapguard.c", "csrc/core/bandwidth.c", "csrc/core/hugemem.c",
     "csrc/kernels/dispatch.c", "csrc/kernels/quant.c", "csrc/kernels/kquant_r16.c", "csrc/kernels/scalar.c", "csrc/kernels/kernel_api.c",
     "csrc/sampling/sampling.c", "csrc/sampling/summary.c",

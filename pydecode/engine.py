@@ -264,10 +264,12 @@ class Engine(SlotStates, SeqContexts):
             if s in self._active:            # an interrupt landed between the two lines below
                 self._queue.popleft()
                 continue
-            got = ledger.lease(s.prompt, s) if s.want_slot is None else ledger.lease_slot(s.want_slot, s.prompt, s)
+            got = ledger.lease(s.prompt, s, True) if s.want_slot is None else \
+                ledger.lease_slot(s.want_slot, s.prompt, s, True)
             if got is None:   # the other slots are leased elsewhere (another Engine on this model)
                 break
             s.slot, n = got
+            self._admit_reuse(s, n)
             s.kv = s.prompt[:n]
             s.policy.stats.cached_tokens = n
             s.t_admit = time.perf_counter()
@@ -294,7 +296,7 @@ class Engine(SlotStates, SeqContexts):
                 break
             if len(s.kv) < len(s.base):   # its prompt's next chunk (with the tokens forced after it)
                 pend = _pending(s)
-                toks = pend[:budget]
+                toks = self._cut_at_checkpoint(s, pend[:budget])
                 items.append((s, toks, int(len(toks) == len(pend))))
                 budget -= len(toks)
         return items
@@ -397,6 +399,7 @@ class Engine(SlotStates, SeqContexts):
                 if id(s) in snaps and used < len(toks):
                     self._roll_back(s, snaps[id(s)], toks[:used])
                 s.kv += toks[:used]
+                self._keep_checkpoint(s)
                 s.policy.stats.positions_computed += len(toks)
                 results.append((s, pieces, None))
                 if s.on_prefill is not None and len(s.kv) <= len(s.prompt) and s.base is s.prompt:

@@ -1,7 +1,9 @@
 """When what a sequence's cache positions hold is rewritten: a context shift (a full context
-drops old tokens and prefills the rest again) and the rollback of a hybrid's recurrent state after
-rejected drafts. A mixin of Engine (pydecode/engine.py), apart because it is its own concern; it
-uses Engine's model and _retire. _pending: the tokens a sequence still has to run."""
+drops old tokens and prefills the rest again), the rollback of a hybrid's recurrent state after
+rejected drafts, and a hybrid's checkpoints (its state kept at a position of a prompt, put back
+for a later prompt that parts from the slot's run after it: pydecode/slots.py says where). A mixin
+of Engine (pydecode/engine.py), apart because it is its own concern; it uses Engine's model and
+_retire. _pending: the tokens a sequence still has to run."""
 from __future__ import annotations
 
 from . import slots as slots_mod
@@ -33,7 +35,35 @@ class SeqContexts:
         s.base, s.gen_from = new[:len(new) - len(pend)], len(s.policy.tokens) - len(pend)
         ring = slots_mod.ring_extra(self.model)
         s.kv = s.kv[:slots_mod.reusable_prefix(s.kv, new, ring, max(0, s.written - len(s.kv)))]
+        self.model.slots.trim_checkpoints(s.slot, len(s.kv))
+        s.ckpt_at = None
         s.policy.stats.shifted += drop
+
+    def _admit_reuse(self, s: _Seq, n: int) -> None:
+        """Under the lock, at admission, once the ledger lent s its slot reusing n prompt tokens:
+        a hybrid's state is put back to the checkpoint at n when the slot's run is not reused
+        whole, and s is told where its own prompt's checkpoint goes (ckpt_at)."""
+        ledger = self.model.slots
+        snap = ledger.restore_point(s.slot, n)
+        if snap is not None:
+            self.model.ssm_restore(s.slot, snap, n, lease=s)
+        at = len(s.prompt) - slots_mod.CHECKPOINT_BEFORE_END
+        s.ckpt_at = at if ledger.max_checkpoints > 0 and len(s.prompt) >= slots_mod.CHECKPOINT_MIN_PROMPT \
+            and n < at else None
+
+    @staticmethod
+    def _cut_at_checkpoint(s: _Seq, toks: list[int]) -> list[int]:
+        """A prompt chunk ends at s's checkpoint position (the state there is copied after the step)."""
+        if s.ckpt_at is not None and len(s.kv) < s.ckpt_at < len(s.kv) + len(toks):
+            return toks[:s.ckpt_at - len(s.kv)]
+        return toks
+
+    def _keep_checkpoint(self, s: _Seq) -> None:
+        """(In the step.) s's slot state holds its prompt up to its checkpoint position: a copy
+        goes to the ledger (memory: Model.ssm_slot_bytes per checkpoint)."""
+        if s.ckpt_at is not None and len(s.kv) == s.ckpt_at and s.base is s.prompt:
+            self.model.slots.add_checkpoint(s.slot, s, s.ckpt_at, bytes(self.model.ssm_snapshot(s.slot)))
+            s.ckpt_at = None
 
     def _roll_back(self, s: _Seq, snap, accepted: list[int]) -> None:
         """(Outside the lock, in the step.) A verification pass of a hybrid rejected drafts: its

@@ -39,6 +39,7 @@ class _Seq:
         self.lookup = None                     # its speculative.PromptLookup, when it drafts by lookup
         self.tuner = None                      # its speculative.Tuner, when it drafts at all
         self.written = 0                       # positions its passes wrote (past kv: rejected drafts)
+        self.ckpt_at = None                    # a hybrid's: where its prompt's state is checkpointed
         self.spec_key = None                   # the kind of its last proposal (Tuner's key)
         self.waker = None                      # called (under the lock) when pieces arrive or it ends
         # What its cache positions hold, in order: base, then policy.tokens[gen_from:]. base is the

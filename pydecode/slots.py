@@ -19,8 +19,18 @@ class SlotBusy(RuntimeError):
 
 
 # A hybrid's recurrent state (csrc/core/deltanet.h) holds exactly the positions it absorbed and
-# cannot be cut back: a slot's cached run is reused whole (the prompt extends it) or not at all.
+# cannot be cut back: a slot's cached run is reused whole (the prompt extends it), or from one of
+# its checkpoints (copies of the state at chosen positions, kept by the ledger), or not at all.
 RECURRENT = -1
+# Where the Engine checkpoints a hybrid's state: CHECKPOINT_BEFORE_END positions before the end of
+# each prompt of at least CHECKPOINT_MIN_PROMPT tokens (shorter ones are cheap to recompute). A
+# chat's next turn repeats its history, but templates re-render the end of the last prompt (the
+# assistant header, an empty think block) differently once the answer is in it, and a regenerated
+# answer repeats the prompt itself: both part from the cached run within the last few tokens.
+# (llama-server checkpoints 4 and 4 + n_ubatch tokens before the end, and at user turns.)
+CHECKPOINT_BEFORE_END = 4
+CHECKPOINT_MIN_PROMPT = 16
+DEFAULT_CHECKPOINTS = 4   # per slot; the oldest goes first (each costs the state's bytes)
 
 
 def ring_extra(model) -> int | None:
@@ -32,17 +42,20 @@ def ring_extra(model) -> int | None:
     return model.n_batch if any(c.layer_is_local(layer) for layer in range(c.n_layer)) else None
 
 
-def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None, spill: int = 0) -> int:
+def reusable_prefix(cached: list[int], prompt: list[int], ring: int | None, spill: int = 0,
+                    checkpoints=()) -> int:
     """How many leading prompt tokens can keep the K/V that a cache holding `cached` has for them:
     the longest common prefix, less the last prompt token (its logits are needed), and none when
     a sliding-window ring (ring = ring_extra) no longer holds the window before that prefix's end:
     it survives only while at most ring + 1 positions were written after it. spill: positions
-    written past `cached` (rejected speculative drafts) that count as written after it."""
+    written past `cached` (rejected speculative drafts) that count as written after it. A
+    recurrent state (ring RECURRENT) holds all of `cached` and any spill: all of it, else the
+    longest of its checkpoints (positions) within the common prefix, else nothing."""
     n, limit = 0, min(len(cached), len(prompt) - 1)
     while n < limit and cached[n] == prompt[n]:
         n += 1
-    if ring == RECURRENT:   # the state holds all of `cached` (and any spill): all of it, or nothing
-        return n if n == len(cached) and not spill else 0
+    if ring == RECURRENT:
+        return n if n == len(cached) and not spill else max((c for c in checkpoints if c <= n), default=0)
     return 0 if ring is not None and len(cached) + spill - n > ring else n
 
 
@@ -59,37 +72,84 @@ class SlotLedger:
         self._stamp: list[int] = [0] * n_seq     # when each slot was last released (0: never)
         self._clock = 0
         self._ring = ring
+        # A hybrid's checkpoints per slot: {position: the recurrent state's bytes there}, oldest
+        # first; each is of the slot's held tokens (the ledger drops those a write invalidates).
+        self._ckpt: list[dict[int, bytes]] = [{} for _ in range(n_seq)]
+        self.max_checkpoints = DEFAULT_CHECKPOINTS if ring == RECURRENT else 0
 
     @property
     def n_seq(self) -> int:
         return len(self._held)
 
-    def lease(self, prompt: list[int], lessee: object) -> tuple[int, int] | None:
+    def lease(self, prompt: list[int], lessee: object, checkpoints: bool = False) -> tuple[int, int] | None:
         """Leases the free slot whose cache holds the longest reusable prefix of `prompt`:
-        (slot, reusable tokens), or None when every slot is leased."""
+        (slot, reusable tokens), or None when every slot is leased. checkpoints: the lessee puts
+        back the restore_point of a hybrid's reuse (the Engine does), so a checkpoint counts."""
         with self._lock:
             for slot, who in enumerate(self._lessee):
                 if who is lessee:       # leased already (an interrupted admission): the same one
-                    return slot, reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
+                    return slot, self._reuse(slot, prompt, checkpoints)
             best, best_n = None, -1
             for slot, who in enumerate(self._lessee):
                 if who is None:
-                    n = reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
+                    n = self._reusable(slot, prompt, checkpoints)
                     if n > best_n:
                         best, best_n = slot, n
             if best is None:
                 return None
             self._lessee[best] = lessee
-            return best, best_n
+            return best, self._reuse(best, prompt, checkpoints)
 
-    def lease_slot(self, slot: int, prompt: list[int], lessee: object) -> tuple[int, int] | None:
+    def _reusable(self, slot: int, prompt: list[int], checkpoints: bool) -> int:
+        return reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot],
+                               self._ckpt[slot] if checkpoints else ())
+
+    def _reuse(self, slot: int, prompt: list[int], checkpoints: bool) -> int:
+        """A lease's reuse of its slot: the tokens kept; the checkpoints past them go (the lessee
+        writes those positions again)."""
+        n = self._reusable(slot, prompt, checkpoints)
+        self._ckpt[slot] = {c: b for c, b in self._ckpt[slot].items() if c <= n}
+        return n
+
+    def restore_point(self, slot: int, n: int) -> bytes | None:
+        """The checkpoint a lease reusing n tokens of `slot` must put back first: None when its
+        state is there already (its whole held run) or starts afresh (n = 0)."""
+        with self._lock:
+            if self._ring != RECURRENT or not n or (n == len(self._held[slot]) and not self._spill[slot]):
+                return None
+            return self._ckpt[slot][n]
+
+    def add_checkpoint(self, slot: int, lessee: object, pos: int, state: bytes) -> None:
+        """The lessee's slot state after its first `pos` held tokens, kept for later leases (at
+        most max_checkpoints per slot: the oldest goes first)."""
+        with self._lock:
+            if self._lessee[slot] is not lessee or self.max_checkpoints <= 0:
+                return
+            ck = self._ckpt[slot]
+            ck.pop(pos, None)
+            ck[pos] = state
+            while len(ck) > self.max_checkpoints:
+                del ck[next(iter(ck))]
+
+    def trim_checkpoints(self, slot: int, n: int) -> None:
+        """Positions from n on of `slot` are written again (a context shift): their checkpoints go."""
+        with self._lock:
+            self._ckpt[slot] = {c: b for c, b in self._ckpt[slot].items() if c <= n}
+
+    def checkpoint_bytes(self) -> int:
+        """The memory the checkpoints of every slot take."""
+        with self._lock:
+            return sum(len(b) for ck in self._ckpt for b in ck.values())
+
+    def lease_slot(self, slot: int, prompt: list[int], lessee: object,
+                   checkpoints: bool = False) -> tuple[int, int] | None:
         """Leases this one slot (a request pinned to it, llama-server's id_slot): (slot, reusable
         tokens), or None while it is leased."""
         with self._lock:
             if self._lessee[slot] is not None and self._lessee[slot] is not lessee:
                 return None
             self._lessee[slot] = lessee
-            return slot, reusable_prefix(self._held[slot], prompt, self._ring, self._spill[slot])
+            return slot, self._reuse(slot, prompt, checkpoints)
 
     def erase(self, slot: int) -> int:
         """Forgets what a free slot's cache holds (its tokens are recomputed when next needed);
@@ -100,6 +160,7 @@ class SlotLedger:
             n = len(self._held[slot])
             self._held[slot] = []
             self._spill[slot] = 0
+            self._ckpt[slot] = {}
             return n
 
     def is_leased(self, slot: int) -> bool:
@@ -115,6 +176,8 @@ class SlotLedger:
                 self._lessee[slot] = None
                 self._held[slot] = list(held)
                 self._spill[slot] = spill if held else 0
+                if not held:
+                    self._ckpt[slot] = {}
                 self._clock += 1
                 self._stamp[slot] = self._clock
 
@@ -137,6 +200,8 @@ class SlotLedger:
             if self._lessee[slot] is not None:
                 raise SlotBusy(f"sequence slot {slot} is in use by a generation; finish or cancel it first")
             self._lessee[slot] = lessee
+            if not latest:   # taken to be written from its start
+                self._ckpt[slot] = {}
             return slot
 
     def give_back(self, slot: int, lessee: object) -> None:
@@ -154,6 +219,7 @@ class SlotLedger:
                                    f"finish or cancel that generation before writing the slot directly")
             self._held[slot] = []
             self._spill[slot] = 0
+            self._ckpt[slot] = {}
 
     def grow(self, n_seq: int) -> None:
         """More slots (the model's cache grew), empty and free."""
@@ -163,11 +229,13 @@ class SlotLedger:
                 self._spill.append(0)
                 self._lessee.append(None)
                 self._stamp.append(0)
+                self._ckpt.append({})
 
     def forget_all(self) -> None:
         with self._lock:
             self._held = [[] for _ in self._held]
             self._spill = [0] * len(self._held)
+            self._ckpt = [{} for _ in self._held]
 
     def n_free(self) -> int:
         with self._lock:

@@ -21,6 +21,7 @@ QUANT_TOL = 0.02
 FLOAT_TOL = 0.08
 CACHE_ATOL = 2e-3
 TIMEOUT = 120
+ISAS = ["scalar", "avx2", "avxvnni", "avx512", "neon"]
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
@@ -28,6 +29,16 @@ def hybrid(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("hybrid") / f"tiny-qwen35-{request.param}.gguf"
     write_tiny_hybrid(path, moe=request.param == "moe")
     return path
+
+
+def _sequential(*models):
+    """The models' delta rule token by token: its sums then do not depend on how a prompt is cut
+    into steps (the matrix form's do, by rounding: an 8-bit activation moved across a step by it
+    changes these 64-wide models' log-probabilities by up to ~1e-2)."""
+    from pydecode._core import lib
+
+    for m in models:
+        lib.pd_model_set_delta_sequential(m._ptr, 1)
 
 
 def _rel(a, b):
@@ -45,7 +56,7 @@ def test_config_from_metadata(hybrid):
         assert c.ssm_state_bytes() == 3 * 4 * (3 * 8 * 32 + 4 * 32 * 32)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512", "neon"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_logits_match_reference(hybrid, isa):
     from pydecode._core import lib
 
@@ -57,6 +68,61 @@ def test_logits_match_reference(hybrid, isa):
         ours = m.prefill(toks, all_logits=True)
     assert _rel(ours, ref8) <= QUANT_TOL and _rel(ours, ref) <= FLOAT_TOL
     assert np.mean(np.argmax(ours, 1) == np.argmax(ref8, 1)) >= 0.9
+
+
+def _delta_rule(isa, sequential, S, kq, v, beta, g):
+    from pydecode._core import ffi, lib
+
+    S, o = S.copy(), np.zeros_like(v)
+    f = lambda a: ffi.cast("float *", a.ctypes.data)   # noqa: E731
+    assert lib.pd_kernel_delta_rule(isa.encode(), sequential, f(S), v.shape[1], v.shape[0], f(kq), f(v), f(beta),
+                                    f(g), f(o)) == 0
+    return S, o
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_chunked_delta_rule_equals_sequential(isa):
+    """The delta rule in matrix form over chunks of 64 tokens (csrc/core/deltanet_chunk.c, on the
+    table's f32 products) equals its token-by-token twin: the outputs and the state after one
+    token (a decode step), a few, one chunk and a bit (70: 64 + 6), and three chunks, from an empty
+    state and a full one."""
+    from pydecode._core import lib
+
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} not supported")
+    rng = np.random.default_rng(9)
+    for d, n in ((32, 1), (32, 5), (32, 70), (128, 1), (128, 64), (128, 150)):
+        k, q = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(2))
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        q /= np.linalg.norm(q, axis=1, keepdims=True) * np.sqrt(d)
+        kq, v = np.concatenate([k, q]), rng.standard_normal((n, d)).astype(np.float32)
+        beta, g = rng.uniform(0, 1, n).astype(np.float32), -rng.uniform(0, 2, n).astype(np.float32)
+        for S0 in (np.zeros((d, d), np.float32), 0.3 * rng.standard_normal((d, d)).astype(np.float32)):
+            S_seq, o_seq = _delta_rule("scalar", 1, S0, kq, v, beta, g)
+            S, o = _delta_rule(isa, 0, S0, kq, v, beta, g)
+            assert np.abs(S - S_seq).max() <= 1e-5 * np.abs(S_seq).max(), (d, n)
+            assert np.abs(o - o_seq).max() <= 1e-5 * np.abs(o_seq).max(), (d, n)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_chunked_model_equals_sequential(hybrid, isa):
+    """The same in the model, over a 150-token prompt and the decode steps after it: equal to the
+    rounding of the 8-bit activations (an input 1e-7 away from a rounding edge moves by one step,
+    so the two forms' logits part by up to ~1e-3 of their size, not 1e-7)."""
+    from pydecode._core import lib
+
+    if not lib.pd_isa_supported(isa.encode()):
+        pytest.skip(f"{isa} not supported")
+    toks = np.random.default_rng(8).integers(0, N_VOCAB, 155).tolist()
+    out = []
+    for sequential in (True, False):
+        with pydecode.Model(hybrid, n_ctx=256, n_threads=2, isa=isa) as m:
+            lib.pd_model_set_delta_sequential(m._ptr, sequential)
+            rows = [m.prefill(toks[:150], all_logits=True).copy()]
+            rows += [m.decode_step(t, 150 + i).copy()[None] for i, t in enumerate(toks[150:])]
+            out.append(np.concatenate(rows))
+    assert _rel(out[1], out[0]) < QUANT_TOL / 2
+    assert np.mean(np.argmax(out[1], 1) == np.argmax(out[0], 1)) >= 0.95
 
 
 def test_reference_continues_its_state():
@@ -121,6 +187,56 @@ def test_batched_equals_alone_and_prefix_reuse(hybrid):
             assert got.stats.cached_tokens == cached and got.tokens == want.tokens
             assert all(abs(x[1] - y[1]) <= 1e-4 for x, y in zip(got.logprobs, want.logprobs))
             e.submit(prompts[0], 10, ignore_eos=True).result(TIMEOUT)   # the slot holds `held` again
+
+
+def test_checkpoints_reuse_a_prompt_near_its_end(hybrid):
+    """A prompt of >= 16 tokens leaves a copy of its slot's recurrent state 4 tokens before its end
+    (pydecode/slots.py); a later prompt that parts from the slot's run after that point (a
+    regenerated answer; a chat turn whose template re-renders the last prompt's end) restores it
+    instead of recomputing: the same tokens and log-probabilities as a cold start. At most
+    max_checkpoints per slot (the oldest go); 0 turns them off; a prompt parting before every
+    checkpoint is recomputed. (Both models run the delta rule token by token, whose sums do not
+    depend on where a checkpoint cuts the prompt: so the restored state is checked to 1e-5.)"""
+    rng = np.random.default_rng(11)
+    p1 = rng.integers(0, 256, 30).tolist()
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=128, n_threads=2)) as llm, \
+            pydecode.LLM(pydecode.Model(hybrid, n_ctx=128, n_threads=2)) as cold:
+        e, ledger = llm.engine, llm.model.slots
+        cold.model.slots.max_checkpoints = 0
+        _sequential(llm.model, cold.model)
+
+        def check(prompt, cached, draft=None):
+            eng = e if draft is None else Engine(llm.model, draft=draft)
+            try:
+                got = eng.submit(prompt, 6, logprobs=3, ignore_eos=True).result(TIMEOUT)
+            finally:
+                if draft is not None:
+                    eng.close()
+            cold.model.slots.erase(0)
+            want = cold.engine.submit(prompt, 6, logprobs=3, ignore_eos=True).result(TIMEOUT)
+            assert (got.stats.cached_tokens, got.tokens) == (cached, want.tokens)
+            assert all(abs(x[1] - y[1]) <= 1e-5 for x, y in zip(got.logprobs, want.logprobs))
+            return got
+
+        first = check(p1, 0)
+        check(p1, 26)                                            # regenerated: from the checkpoint
+        check(p1[:28] + [1, 2, 3, 4, 5], 26)                     # parts after it
+        held = p1[:28] + [1, 2, 3, 4, 5] + check(p1[:28] + [1, 2, 3, 4, 5], 29).tokens[:-1]
+        check(held + [7, 8], len(held))                          # extends the run: all of it
+        check(p1[:20] + [9] * 12, 0)                             # parts before every checkpoint
+        assert sorted(ledger._ckpt[0]) == [28]
+        check(p1[:20] + [9] * 12, 28, draft="lookup")            # a drafting engine restores it too
+        q = p1
+        check(q, 0)
+        for i in range(6):                                       # a conversation's turns
+            q, at = q + [i] * 6, len(q) - 4
+            check(q, at)
+        assert len(ledger._ckpt[0]) == ledger.max_checkpoints == 4
+        assert ledger.checkpoint_bytes() == 4 * len(llm.model.ssm_snapshot(0)) > 0
+        ledger.max_checkpoints = 0
+        check(first.tokens[:20] + p1, 0)
+        check(first.tokens[:20] + p1, 0)
+        assert ledger.checkpoint_bytes() == 0
 
 
 def test_speculative_equals_plain(hybrid):
@@ -193,12 +309,14 @@ print(json.dumps([c.stats.cached_tokens, c.tokens, [lp for _, lp, _ in c.logprob
 
 def test_context_shift_recomputes_the_kept_context(hybrid):
     """A shift cannot cut the recurrent state back: the kept context is prefilled afresh, and
-    each stretch equals a fresh run from it (test_context_shift's replay)."""
+    each stretch equals a fresh run from it (test_context_shift's replay). Token by token delta
+    rules, as in the checkpoint test: the shift's chunks are not the fresh run's."""
     from test_context_shift import check_against_recompute
 
     prompt = np.random.default_rng(8).integers(0, 256, 10).tolist()
     with pydecode.LLM(pydecode.Model(hybrid, n_ctx=32, n_threads=2)) as a, \
             pydecode.LLM(pydecode.Model(hybrid, n_ctx=32, n_threads=2)) as b:
+        _sequential(a.model, b.model)
         c = a.engine.submit(prompt, 50, logprobs=3, ignore_eos=True, context_shift=True, n_keep=4).result(TIMEOUT)
         check_against_recompute(b, prompt, c, 32, 4)
 

@@ -12,8 +12,10 @@
  * The recurrence is sequential over a sequence's tokens, so the work is split across channels
  * (the convolution) and value heads (the delta rule); each thread walks the step's tokens in
  * order, every token on its own slot's state. A token at position 0 starts its slot afresh.
- * S is kept value-major (row j: value dim j over the d key dims), so S^T k, the update and S^T q
- * are three contiguous passes over one row, fused into one.
+ * The delta rule runs a slot's consecutive tokens as one chunk in matrix form (deltanet_chunk.c:
+ * the state read twice per chunk, not per token, by kernel-table products; pd_delta_sequential
+ * there is its token-by-token twin). S is kept value-major (row r: value dim r over the d key
+ * dims), so S^T k and S^T q are a matmul with S as the weights.
  */
 #include "core/model.h"
 
@@ -56,7 +58,8 @@ static size_t scratch_floats(const pd_config *c) {
     const size_t nb = (size_t)c->n_batch, qd = (size_t)c->n_head * c->head_dim;
     size_t f = c->attn_gated ? nb * 3 * qd : 0;
     if (n_recurrent(c))
-        f += nb * ((size_t)pd_ssm_channels(c) + 2 * (size_t)pd_ssm_inner(c) + 2 * (size_t)c->ssm_n_v);
+        f += nb * ((size_t)pd_ssm_channels(c) + 2 * (size_t)pd_ssm_inner(c) + 2 * (size_t)c->ssm_n_v) +
+             (size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_delta_scratch_floats(c->ssm_d_state);
     return f;
 }
 
@@ -95,7 +98,8 @@ int pd_ssm_alloc(pd_model *m) {
     e->z = malloc(nb * pd_ssm_inner(c) * sizeof(float));
     e->o = malloc(nb * pd_ssm_inner(c) * sizeof(float));
     e->ba = malloc(nb * 2 * c->ssm_n_v * sizeof(float));
-    return e->qkv && e->z && e->o && e->ba ? 0 : -1;
+    e->chunk = malloc((size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_delta_scratch_floats(c->ssm_d_state) * sizeof(float));
+    return e->qkv && e->z && e->o && e->ba && e->chunk ? 0 : -1;
 }
 
 void pd_ssm_free(pd_model *m) {
@@ -105,7 +109,7 @@ void pd_ssm_free(pd_model *m) {
         if (e->state) free(e->state[l]);
     }
     free(e->conv); free(e->state); free(e->pos); free(e->layers);
-    free(e->qkv); free(e->z); free(e->o); free(e->ba); free(e->qfull); free(e->qgate);
+    free(e->qkv); free(e->z); free(e->o); free(e->ba); free(e->chunk); free(e->qfull); free(e->qgate);
     memset(e, 0, sizeof *e);
     m->c.recurrent_layers = NULL;
 }
@@ -140,6 +144,10 @@ int pd_model_ssm_pos(const pd_model *m, int seq) {
 }
 
 size_t pd_model_ssm_bytes(const pd_model *m) { return m ? m->ssm.state_bytes : 0; }
+
+void pd_model_set_delta_sequential(pd_model *m, int on) {
+    if (m) m->ssm.sequential = on != 0;
+}
 
 size_t pd_ssm_slot_bytes(const pd_model *m) { return m->ssm.n_rec ? slot_bytes(&m->c) : 0; }
 
@@ -263,7 +271,9 @@ static void l2norm(float *out, const float *x, int n, float eps, float scale) {
     for (int i = 0; i < n; i++) out[i] = x[i] * r;
 }
 
-/* The delta rule and the gated norm, one value head per chunk, the step's tokens in order. */
+/* The delta rule and the gated norm, one value head per chunk. The step's tokens go in runs
+ * (one slot's consecutive positions, PD_DELTA_CHUNK at most) in the step's order, so each
+ * state absorbs its tokens in order whatever the batch's interleaving. */
 static int phase_delta(pd_worker *w, step_ctx *s, int l) {
     pd_model *m = s->m;
     const pd_config *c = &m->c;
@@ -272,32 +282,36 @@ static int phase_delta(pd_worker *w, step_ctx *s, int l) {
     const float *A = (const float *)pd_layer_tensor(m, l, PD_SSM_A)->data;
     const float *nw = (const float *)pd_layer_tensor(m, l, PD_SSM_NORM)->data;
     const float scale = 1.0f / sqrtf((float)d);
-    float q[SSM_MAX_STATE], k[SSM_MAX_STATE];
+    float *sc = m->ssm.chunk + (size_t)w->ith * pd_delta_scratch_floats(d);
+    float beta[PD_DELTA_CHUNK], g[PD_DELTA_CHUNK];
     FOR_CHUNKS(w, nv, j) {
         const int kh = j % nk;
-        for (int t = 0; t < s->n; t++) {
-            float *S = m->ssm.state[l] + (size_t)s->seq[t] * state_floats(c) + (size_t)j * d * d;
-            if (s->pos[t] == 0) memset(S, 0, (size_t)d * d * sizeof(float));
-            const float *x = m->ssm.qkv + (size_t)t * C;
-            l2norm(q, x + (size_t)kh * d, d, c->norm_eps, scale);
-            l2norm(k, x + (size_t)(nk + kh) * d, d, c->norm_eps, 1.0f);
-            const float *v = x + (size_t)(2 * nk + j) * d;
-            const float *ba = m->ssm.ba + (size_t)t * 2 * nv;
-            const float beta = sigmoidf(ba[j]), decay = expf(softplus(ba[nv + j] + dt[j]) * A[j]);
-            float *o = m->ssm.o + (size_t)t * inner + (size_t)j * d;
-            double ss = 0.0;
-            for (int r = 0; r < d; r++) {   /* row r: value dim r of S over the key dims */
-                float *Sr = S + (size_t)r * d, sk = 0.0f;
-                for (int i = 0; i < d; i++) { Sr[i] *= decay; sk += Sr[i] * k[i]; }
-                const float delta = (v[r] - sk) * beta;
-                float out = 0.0f;
-                for (int i = 0; i < d; i++) { Sr[i] += delta * k[i]; out += Sr[i] * q[i]; }
-                o[r] = out;
-                ss += (double)out * out;
+        for (int t0 = 0, t1; t0 < s->n; t0 = t1) {
+            const int sq = s->seq[t0];
+            for (t1 = t0 + 1; t1 < s->n && t1 - t0 < PD_DELTA_CHUNK && s->seq[t1] == sq && s->pos[t1] == s->pos[t1 - 1] + 1;)
+                t1++;
+            const int n = t1 - t0;
+            float *S = m->ssm.state[l] + (size_t)sq * state_floats(c) + (size_t)j * d * d;
+            if (s->pos[t0] == 0) memset(S, 0, (size_t)d * d * sizeof(float));
+            for (int t = 0; t < n; t++) {
+                const float *x = m->ssm.qkv + (size_t)(t0 + t) * C, *ba = m->ssm.ba + (size_t)(t0 + t) * 2 * nv;
+                l2norm(sc + (size_t)t * d, x + (size_t)(nk + kh) * d, d, c->norm_eps, 1.0f);
+                l2norm(sc + (size_t)(n + t) * d, x + (size_t)kh * d, d, c->norm_eps, scale);
+                beta[t] = sigmoidf(ba[j]);
+                g[t] = softplus(ba[nv + j] + dt[j]) * A[j];
             }
-            const float rn = (float)(1.0 / sqrt(ss / d + c->norm_eps));
-            const float *z = m->ssm.z + (size_t)t * inner + (size_t)j * d;
-            for (int r = 0; r < d; r++) o[r] = o[r] * rn * nw[r] * silu(z[r]);
+            const float *v = m->ssm.qkv + (size_t)t0 * C + (size_t)(2 * nk + j) * d;
+            float *o = m->ssm.o + (size_t)t0 * inner + (size_t)j * d;
+            if (m->ssm.sequential) pd_delta_sequential(S, d, n, sc, v, C, beta, g, o, inner);
+            else pd_delta_chunk(m->kt, S, d, n, v, C, beta, g, o, inner, sc);
+            for (int t = 0; t < n; t++) {   /* the gated norm */
+                float *ot = o + (size_t)t * inner;
+                const float *z = m->ssm.z + (size_t)(t0 + t) * inner + (size_t)j * d;
+                double ss = 0.0;
+                for (int r = 0; r < d; r++) ss += (double)ot[r] * ot[r];
+                const float rn = (float)(1.0 / sqrt(ss / d + c->norm_eps));
+                for (int r = 0; r < d; r++) ot[r] = ot[r] * rn * nw[r] * silu(z[r]);
+            }
         }
     }
     END_PHASE(w, nv);

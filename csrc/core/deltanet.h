@@ -10,6 +10,7 @@
 #ifndef PD_CORE_DELTANET_H
 #define PD_CORE_DELTANET_H
 #include "pydecode.h"
+#include "kernels/kernels.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +27,8 @@ typedef struct {
     float *z;            /* [nb][n_v d] the output gate's projection */
     float *ba;           /* [nb][2 n_v] beta then alpha, raw */
     float *o;            /* [nb][n_v d] the heads' gated, normed outputs (ssm_out's input) */
+    float *chunk;        /* per thread [pd_delta_scratch_floats(d)] (deltanet_chunk.c) */
+    int sequential;      /* 1: the delta rule token by token (the chunked form's twin: pd_model_set_delta_sequential) */
     float *qfull;        /* attn_gated: [nb][2 n_head head_dim] attn_q's output (query | gate per head) */
     float *qgate;        /* attn_gated: [nb][n_head head_dim] the gates */
 } pd_ssm;
@@ -54,4 +57,12 @@ void pd_ssm_advance(struct pd_model *m, const int32_t *pos, const int32_t *seq, 
  * inputs then its heads' matrices, f32, in layer order; 0 bytes for a model without them. */
 size_t pd_ssm_slot_bytes(const struct pd_model *m);
 void pd_ssm_copy_slot(struct pd_model *m, int seq, char *buf, int to_state);
+
+/* The chunked delta rule (deltanet_chunk.c): a slot's run of tokens per call, at most this many. */
+#define PD_DELTA_CHUNK 64
+size_t pd_delta_scratch_floats(int d);
+void pd_delta_chunk(const pd_kernels *kt, float *S, int d, int n, const float *v, size_t vs, const float *beta,
+                    const float *g, float *o, size_t os, float *sc);
+void pd_delta_sequential(float *S, int d, int n, const float *kq, const float *v, size_t vs, const float *beta,
+                         const float *g, float *o, size_t os);
 #endif

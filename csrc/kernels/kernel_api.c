@@ -1,6 +1,7 @@
 /* Kernel entry points for tests and benchmarks: validate everything, then call one table entry.
  * Bad input returns PD_EINVAL (never a crash): these are reachable from Python with any args. */
 #include "kernels/kernels.h"
+#include "core/deltanet.h"
 #include "pydecode.h"
 #include <math.h>
 #include <stdlib.h>
@@ -119,5 +120,26 @@ int pd_kernel_attn_mh(const char *isa, int kv_type, int nh, int hd, const float 
     kt->attn_scores_mh(kv_type, nh, hd, q8 ? (const void *)qq : (const void *)q, k, row, n, scores, (size_t)n);
     kt->attn_accum_mh(kv_type, nh, hd, out, scores, (size_t)n, v, row, n);
     free(qq);
+    return PD_OK;
+}
+
+/* The delta rule over n tokens of one head from state S (d x d, value major), chunked (isa's
+ * table, chunks of PD_DELTA_CHUNK) or token by token (tests/test_qwen35.py compares them).
+ * kq: [n][d] keys then [n][d] queries; v: [n][d]; o: [n][d]. */
+int pd_kernel_delta_rule(const char *isa, int sequential, float *S, int d, int n, const float *kq, const float *v,
+                         const float *beta, const float *g, float *o) {
+    const pd_kernels *kt = pd_kernels_select(isa);
+    if (!kt || !S || !kq || !v || !beta || !g || !o || d < 1 || d > 512 || n < 1) return PD_EINVAL;
+    const size_t dd = (size_t)d;
+    float *sc = malloc(pd_delta_scratch_floats(d) * sizeof(float));
+    if (!sc) return PD_ENOMEM;
+    for (int t0 = 0; t0 < n; t0 += PD_DELTA_CHUNK) {
+        const int c = n - t0 < PD_DELTA_CHUNK ? n - t0 : PD_DELTA_CHUNK;
+        memcpy(sc, kq + t0 * dd, c * dd * sizeof(float));                       /* keys */
+        memcpy(sc + c * dd, kq + (n + t0) * dd, c * dd * sizeof(float));        /* queries */
+        if (sequential) pd_delta_sequential(S, d, c, sc, v + t0 * dd, dd, beta + t0, g + t0, o + t0 * dd, dd);
+        else pd_delta_chunk(kt, S, d, c, v + t0 * dd, dd, beta + t0, g + t0, o + t0 * dd, dd, sc);
+    }
+    free(sc);
     return PD_OK;
 }

@@ -6,6 +6,7 @@ from collections import Counter
 import click
 
 from ..errors import PydecodeError
+from ..slots import DEFAULT_CHECKPOINTS
 from . import common
 
 
@@ -54,7 +55,9 @@ def info(model, model_arg):
                    f"{c.ssm_n_v} value heads of {c.ssm_d_state}, conv {c.ssm_d_conv}): their state "
                    f"{c.ssm_state_bytes() / 1e6:.1f} MB per sequence (F32), whatever its length; "
                    f"the KV cache above is the {c.n_attn_layers} attention layers'"
-                   + (f"; {c.n_mtp} multi-token-prediction layer(s) skipped, as llama.cpp does" if c.n_mtp else ""))
+                   + (f"; {c.n_mtp} multi-token-prediction layer(s) skipped, as llama.cpp does" if c.n_mtp else "")
+                   + f"; prefix reuse keeps up to {DEFAULT_CHECKPOINTS} checkpoints of it per slot "
+                     f"({DEFAULT_CHECKPOINTS * c.ssm_state_bytes() / 1e6:.1f} MB; serve --ctx-checkpoints)")
     click.echo(f"tokenizer       {g.metadata.get('tokenizer.ggml.model')} / {g.metadata.get('tokenizer.ggml.pre', '-')}")
     try:   # what loading does on this CPU: which kernels, which weights it repacks (a small context)
         from ..model import Model

@@ -94,6 +94,9 @@ def _no_effect_options(f):
               help="When a sequence fills its context, drop the older half of its history (after the first "
                    "--keep tokens) and go on, instead of ending it (finish_reason length).")
 @click.option("--keep", type=int, default=0, help="Tokens at the start a context shift keeps (-1: the whole prompt).")
+@click.option("--ctx-checkpoints", "-ctxcp", "ctx_checkpoints", type=click.IntRange(0, 64), default=None,
+              help="Hybrid models (Qwen3.5): copies of a slot's recurrent state kept near each prompt's end, "
+                   "so a prompt that parts from the slot's history there reuses it (default 4 per slot; 0: none).")
 @click.option("--embedding", "--embeddings", "embedding", is_flag=True,
               help="Serve embeddings: /v1/embeddings (OpenAI's shape) and /embedding, /embeddings (llama-server's).")
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last", "rank"]), default=None,
@@ -119,7 +122,7 @@ def _no_effect_options(f):
 def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, model_draft, kv_type, cache_type_k,
           cache_type_v, n_predict, api_key, api_key_file, aliases, tags, strict_model, chat_template,
           chat_template_file, reasoning_format, reasoning, metrics, slots, slot_save_path, context_shift, keep,
-          embedding, pooling, sleep_idle_seconds, max_queue, max_body, read_timeout, cors, props_writable, verbose,
+          ctx_checkpoints, embedding, pooling, sleep_idle_seconds, max_queue, max_body, read_timeout, cors, props_writable, verbose,
           batch_size, lora, grp_attn_n, grp_attn_w, **kw):
     """Serve MODEL over HTTP: OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses,
     /v1/embeddings), Anthropic's /v1/messages, and llama-server's routes (/completion, /infill,
@@ -194,6 +197,8 @@ def serve(model, model_arg, host, port, n_seq, n_ctx, threads, isa, draft, model
             llm.chat_template = template
         if batch_size is not None:
             llm.engine.prefill_chunk = min(batch_size, llm.model.n_batch)
+        if ctx_checkpoints is not None and llm.model.config.recurrent:
+            llm.model.slots.max_checkpoints = ctx_checkpoints
         return llm
 
     try:
