@@ -242,7 +242,8 @@ class Engine(SlotStates, SeqContexts):
             if plan:   # (counts for the server's /metrics: model calls, and the sequences in each)
                 self.n_steps += 1
                 self.busy_in_steps += len({id(s) for s, _, _ in plan})
-            self._execute(plan)
+            with self._booked_whole():
+                self._execute(plan)
             return sum(len(toks) for _, toks, _ in plan)
         finally:
             if self._stepper == me:            # only this thread sets it to its own ident

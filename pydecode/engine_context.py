@@ -6,6 +6,10 @@ of Engine (pydecode/engine.py), apart because it is its own concern; it uses Eng
 _retire. _pending: the tokens a sequence still has to run."""
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
 from . import slots as slots_mod
 from .request import _Seq
 
@@ -64,6 +68,26 @@ class SeqContexts:
         if s.ckpt_at is not None and len(s.kv) == s.ckpt_at and s.base is s.prompt:
             self.model.slots.add_checkpoint(s.slot, s, s.ckpt_at, bytes(self.model.ssm_snapshot(s.slot)))
             s.ckpt_at = None
+
+    @contextlib.contextmanager
+    def _booked_whole(self):
+        """Around a step's execution: on a hybrid, a Ctrl-C that lands once the model call returned
+        would leave the recurrent states past what their sequences know (the redo of the step
+        would be refused), so in the main thread it is held until the step is booked, then raised.
+        (A step is one model call, which a Ctrl-C never cuts short anyway; a dense model's redo
+        rewrites the same K/V rows, so it needs none of this.)"""
+        if not self.model.config.recurrent or threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield
+            return
+        held = []
+        signal.signal(signal.SIGINT, lambda *_: held.append(1))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if held:
+                raise KeyboardInterrupt
 
     def _roll_back(self, s: _Seq, snap, accepted: list[int]) -> None:
         """(Outside the lock, in the step.) A verification pass of a hybrid rejected drafts: its

@@ -416,3 +416,30 @@ def test_served_over_http(tmp_path):
             assert isinstance(json.loads(j["choices"][0]["message"]["content"])["a"], int)
     finally:
         llm.close()
+
+
+def test_ctrl_c_after_a_step_keeps_the_other_sequences(hybrid):
+    """A Ctrl-C that lands once a batched step's model call returned (the states have absorbed
+    its tokens) reaches the caller, whose generation ends; the other sequence of that step goes
+    on exactly (its redo would otherwise be refused: its state is past what it knows)."""
+    import _thread
+
+    prompts = [np.random.default_rng(s).integers(0, 256, 9).tolist() for s in (21, 22)]
+    with pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=2, n_seq=2)) as llm, \
+            pydecode.LLM(pydecode.Model(hybrid, n_ctx=64, n_threads=2)) as solo:
+        want = solo.engine.submit(prompts[1], 12, ignore_eos=True).result(TIMEOUT).tokens
+        m, real, calls = llm.model, llm.model.batch_step, []
+
+        def batch_step(*a, **k):
+            out = real(*a, **k)
+            calls.append(1)
+            if len(calls) == 3:
+                _thread.interrupt_main()   # delivered at the next bytecode: after the call
+            return out
+
+        m.batch_step = batch_step
+        other = llm.engine.submit(prompts[1], 12, ignore_eos=True)
+        with pytest.raises(KeyboardInterrupt):
+            llm.engine.submit(prompts[0], 12, ignore_eos=True).result(TIMEOUT)
+        del m.batch_step
+        assert other.result(TIMEOUT).tokens == want

@@ -129,11 +129,12 @@ TEMPLATES = __import__("pathlib").Path(__file__).resolve().parent / "data" / "ch
 
 
 @pytest.fixture(scope="module", params=["openai-gpt-oss-120b", "meetkai-functionary-medium-v3.1",
-                                        "ibm-granite-granite-3.3-2B-Instruct"])
+                                        "ibm-granite-granite-3.3-2B-Instruct", "Qwen3.5-4B"])
 def templated(request):
     """The same model under the templates of the syntaxes that write calls their own way:
     gpt-oss's harmony (the call is a message to functions.NAME), Functionary v3.1's
-    <function=NAME>, Granite 3.3's <|tool_call|>[...]."""
+    <function=NAME>, Granite 3.3's <|tool_call|>[...], Qwen3.5's (and Qwen3-Coder's) XML
+    <function=NAME><parameter=P>."""
     s = Server("-c", "2048", "-t", "2", "--temp", "0",
                "--chat-template-file", str(TEMPLATES / f"{request.param}.jinja")).wait_ready()
     yield s

@@ -76,7 +76,7 @@ def test_call_format_of_templates():
     real = {"openai-gpt-oss-120b": "harmony", "meetkai-functionary-medium-v3.1": "functionary",
             "ibm-granite-granite-3.3-2B-Instruct": "granite", "ibm-granite-granite-4.0": "hermes",
             "meta-llama-Llama-3.1-8B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
-            "Qwen-Qwen2.5-7B-Instruct": "hermes",
+            "Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen3-Coder": "qwen3_xml", "Qwen3.5-4B": "qwen3_xml",
             "ByteDance-Seed-OSS": None}   # (its <function=...><parameter=...> XML is not functionary's JSON)
     for name, fmt in real.items():
         assert tc.call_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt, name
@@ -110,11 +110,20 @@ ANSWERS = [   # (syntax, answer, text outside the calls, [(name, arguments)])
                 'to=functions.add <|constrain|>json<|message|>{"a":2,"b":{"x":1}}',
      "<|channel|>analysis<|message|>Need the sum.<|end|><|start|>assistant", [("add", {"a": 2, "b": {"x": 1}})]),
     ("harmony", "It is sunny.", "It is sunny.", []),
+    ("qwen3_xml", "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan \"José\"\n42\n"
+                  "</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                  "<function=add>\n<parameter=a>\n2.5\n</parameter>\n<parameter=b>\n3\n</parameter>\n<parameter=tags>\n"
+                  "[\"x</p>\", \"]\"]\n</parameter>\n</function>\n</tool_call>", "Let me check.",
+     [("get_weather", {"city": 'San "José"\n42', "unit": "c"}), ("add", {"a": 2.5, "b": 3, "tags": ["x</p>", "]"]})]),
+    ("qwen3_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n</function>\n</tool_call>",
+     "", [("get_weather", {"city": "12"})]),                     # a string parameter's digits stay a string
+    ("qwen3_xml", "No <tool_call> here: <function=x> is text.", "No <tool_call> here: <function=x> is text.", []),
+    ("qwen3_xml", "Plain words.", "Plain words.", []),
 ]
 
 
 def _streamed(fmt, answer, rng):
-    s, cuts = tc.ToolStream(fmt), sorted(rng.sample(range(1, len(answer)), min(6, len(answer) - 1)))
+    s, cuts = tc.tool_stream(fmt, SCHEMAS), sorted(rng.sample(range(1, len(answer)), min(6, len(answer) - 1)))
     deltas = []
     for a, b in zip([0] + cuts, cuts + [len(answer)]):
         deltas += s.feed(answer[a:b])
@@ -134,7 +143,7 @@ def _streamed(fmt, answer, rng):
 @pytest.mark.parametrize("i", range(len(ANSWERS)))
 def test_whole_and_streamed_parsing_agree(i):
     fmt, answer, text, want = ANSWERS[i]
-    got_text, calls = tc.parse_tool_calls(answer, fmt, set(SCHEMAS))
+    got_text, calls = tc.parse_tool_calls(answer, fmt, SCHEMAS)
     assert got_text == text
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == want
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
@@ -167,7 +176,7 @@ def smol():
         yield m
 
 
-def _walk(tok, n_vocab, g, prefix, rng, steps, only):
+def _walk(tok, n_vocab, g, prefix, rng, steps, only, reason=None):
     """A random answer under a tool grammar after `prefix`: after each step, the closing is
     accepted, completes the grammar and parses into valid calls."""
     c = constraint.Constraint(tok, n_vocab, g)
@@ -181,7 +190,10 @@ def _walk(tok, n_vocab, g, prefix, rng, steps, only):
         out += c.forced()
     for _ in range(steps):
         full = checked_closing(c, tok, out)
-        _, calls = tc.parse_tool_calls(full, fmt, set(SCHEMAS))
+        if reason is not None:   # the calls are in the answer after the reasoning
+            assert reason in full
+            full = full.split(reason, 1)[1]
+        _, calls = tc.parse_tool_calls(full, fmt, SCHEMAS)
         check_calls(calls, only)
         if g.frame[1] is False:                 # required / named: the answer is calls
             assert calls, f"{full!r} holds no call"
@@ -208,6 +220,21 @@ def test_a_call_cut_anywhere_closes_into_valid_calls(smol, fmt, choice):
         for prefix in prefixes:
             for _ in range(4):
                 _walk(tok, n_vocab, g, prefix, rng, 40, choice[3:] if choice.startswith("fn:") else None)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_xml", "hermes"])
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_calls_after_an_open_reasoning_block(smol, fmt, choice):
+    """A prompt that opens <think> (Qwen3.5's): the answer reasons up to </think>, then calls;
+    cut anywhere, in the reasoning too, it closes into valid calls after the reasoning."""
+    tok, n_vocab = smol.tokenizer, smol.model.n_vocab
+    rng = random.Random(f"reason{fmt}{choice}")
+    g = tc.tool_grammar(tok, TOOLS, fmt, choice, True, "</think>")
+    constraint.compile_grammar(tok, g)
+    trig = tc.SYNTAXES[fmt].trigger
+    for prefix in ("", "I should look it up.", "Look it up.</think>\n\n", "Look it up.</think>\n\n" + trig):
+        for _ in range(3):
+            _walk(tok, n_vocab, g, prefix, rng, 40, None, reason="</think>")
 
 
 # ---------------------------------------------------------------- a real model's calls

@@ -80,6 +80,11 @@ def opens_reasoning(prompt: str, fmt: str | None) -> bool:
     return prompt.rfind(open_tag) > prompt.rfind(close_tag)
 
 
+def close_tag(fmt: str | None) -> str | None:
+    """The tag that ends a reasoning block of this format (None: it has no such tag)."""
+    return _TAGS[fmt][1] if fmt in _TAGS else None
+
+
 class ReasoningSplitter:
     """Streamed generated text -> ("reasoning" | "content", text) pieces (see the module doc).
 

@@ -7,7 +7,14 @@ import json
 import re
 import uuid
 
+from . import tool_xml
 from .tools import SYNTAXES, Syntax
+
+
+def tool_stream(fmt: str | None, schemas=None):
+    """The streaming reader of an answer in syntax fmt (schemas: {name: parameters}, which the
+    XML syntax needs to tell a string value from JSON)."""
+    return tool_xml.XmlToolStream(schemas) if SYNTAXES[fmt or "hermes"].xml else ToolStream(fmt)
 
 
 def _call(obj, names) -> dict | None:
@@ -59,8 +66,11 @@ def _parse_named(text: str, syntax: Syntax, names) -> tuple[str, list[dict]]:
 
 def parse_tool_calls(text: str, fmt: str | None, names) -> tuple[str, list[dict]]:
     """(the text outside the calls, the calls) of a finished answer, in OpenAI's tool_calls
-    shape. Only calls of the offered tools (names) count; anything else stays text."""
+    shape. Only calls of the offered tools (names: their names, or {name: parameters schema},
+    which the XML syntax reads its values by) count; anything else stays text."""
     syntax = SYNTAXES[fmt or "hermes"]
+    if syntax.xml:
+        return tool_xml.parse(text, names)
     if syntax.named is not None:
         return _parse_named(text, syntax, names)
     calls: list[dict] = []

@@ -13,11 +13,14 @@ tools: free text until the call syntax begins (tool_choice "auto"), or a call at
     granite  <|tool_call|>[{"name":"f","arguments":{...}}, ...]          (Granite 3.x)
     llama3   {"name":"f","parameters":{...}}                            (the whole answer)
     functionary  <function=f>{...}</function>                           (Functionary v3.1)
+    qwen3_xml    <tool_call>\n<function=f>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>
+             (Qwen3-Coder, Qwen3.5 / 3.6: a value is its text, or JSON: chat/tool_xml.py)
     harmony  <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
              (gpt-oss; <|call|>, an end-of-generation token, ends it; reasoning.py hands the
              call message on as this text)
 
-The last two write the name outside the JSON (`Syntax.named`): the JSON is the arguments.
+The last three write the name outside the JSON (`Syntax.named`): the JSON is the arguments (or,
+qwen3_xml, the parameter blocks).
 `Syntax` holds each one's fixed text once; the grammar (`tool_grammar`), the closer that keeps
 a cut call parseable within max_tokens (`FramedCloser`, read by budget.py), the parser of a
 finished answer and the streaming one (chat/tool_parse.py) all read it.
@@ -30,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..json_closer import JsonCloser
+from .tool_xml import XmlArgsCloser, params_grammar
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Syntax:
                         # too (how small Qwens often answer, leaving out the tags)
     named: str | None = None   # the name is written before the JSON, then this text (the JSON is
                                # then the arguments alone); None: the name is inside the JSON
+    xml: bool = False          # (named) the arguments are <parameter=...> blocks: chat/tool_xml.py
 
 
 SYNTAXES = {
@@ -56,6 +61,8 @@ SYNTAXES = {
     "functionary": Syntax("functionary", "<function=", "", "</function>", "<function=", "", False, named=">"),
     "harmony": Syntax("harmony", "<|channel|>commentary to=functions.", "", "", None, "", False,
                       named=" <|constrain|>json<|message|>"),
+    "qwen3_xml": Syntax("qwen3_xml", "<tool_call>", "\n<function=", "\n</tool_call>", "\n<tool_call>\n<function=",
+                        "", False, named=">\n", xml=True),
 }
 
 
@@ -65,6 +72,8 @@ def call_format(template: str | None) -> str | None:
     template = template or ""
     if "<|channel|>" in template and "to=" in template and "functions." in template:
         return "harmony"
+    if "<tool_call>" in template and "<function=" in template and "<parameter=" in template:
+        return "qwen3_xml"   # Qwen3-Coder, Qwen3.5 / Qwen3.6
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:
@@ -138,9 +147,12 @@ def _special_id(tokenizer, text: str):
     return ids[0] if len(ids) == 1 and tokenizer._types[ids[0]] == CONTROL else None
 
 
-def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "auto", parallel: bool = True):
+def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "auto", parallel: bool = True,
+                 reason: str | None = None):
     """The Grammar of an answer to a request offering `tools` (choice from check_choice, not
-    "none"). Its `schema` and `frame` let budget.py close a call cut by max_tokens."""
+    "none"). Its `schema` and `frame` let budget.py close a call cut by max_tokens. reason: the
+    tag that closes a reasoning block the prompt left open (Qwen3.5's `</think>`): the answer is
+    free text up to it, newlines, then what it would be without."""
     from ..constraint import Grammar, _llguidance
     syntax = SYNTAXES[fmt or "hermes"]
     only = choice[3:] if choice.startswith("fn:") else None
@@ -150,9 +162,12 @@ def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "a
         params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools
                   if only is None or t["function"]["name"] == only}
         schema = {"anyOf": list(params.values())}
-        body = "\n".join([f"body: {' | '.join(f'fn{i}' for i in range(len(params)))}"] + [
-            f"fn{i}: {_lit(name + syntax.named)} args{i}\nargs{i}: %json {json.dumps({**p, **guidance}, ensure_ascii=False)}"
-            for i, (name, p) in enumerate(params.items())])
+        lines = [f"body: {' | '.join(f'fn{i}' for i in range(len(params)))}"]
+        for i, (name, p) in enumerate(params.items()):
+            lines.append(f"fn{i}: {_lit(name + syntax.named)} args{i}")
+            lines += params_grammar(i, p, guidance) if syntax.xml else \
+                [f"args{i}: %json {json.dumps({**p, **guidance}, ensure_ascii=False)}"]
+        body = "\n".join(lines)
     else:
         one = _call_schema(tools, syntax, only)
         if syntax.array:
@@ -181,11 +196,17 @@ def tool_grammar(tokenizer, tools: list[dict], fmt: str | None, choice: str = "a
             t = re.escape(syntax.trigger)
             rules = [f"start: TEXT | pre calls{bare}", f"TEXT: /(?s:({head}.*)?)/ & ~/(?s:.*{t}.*)/",
                      f"pre[lazy]: /(?s:({head}.*)?){t}/"]
+    if reason is not None:
+        rid = _special_id(tokenizer, reason)
+        rules[0] = rules[0].replace("start:", "answer:", 1)
+        rules = ["start: reason nl answer", 'nl: "\\n"*'] + rules + (
+            [f"reason: THOUGHT <[{rid}]>", "THOUGHT: /(?s:.*)/"] if rid is not None else
+            [f"reason[lazy]: /(?s:.*){re.escape(reason).replace('/', chr(92) + '/')}/"])
     lark = "\n".join(rules + [f"calls: {calls}", body]) + "\n"
     g = Grammar(_llguidance().LLMatcher.grammar_from_lark(lark),
                 f"tool calls ({syntax.name}, tool_choice {choice.replace('fn:', 'function ')})")
     g.schema = schema
-    g.frame = (syntax, free, parallel and not only, params)
+    g.frame = (syntax, free, parallel and not only, params, reason)
     return g
 
 
@@ -198,9 +219,10 @@ class FramedCloser:
     parallel, the separator begins another)."""
 
     def __init__(self, schema, frame):
-        self.syntax, free, self.parallel, params = frame
+        self.syntax, free, self.parallel, params, self.reason = frame
         # (a fresh call's closer is a copy: schemas resolved once); named syntaxes: per function
-        self._protos = {n: JsonCloser(p) for n, p in params.items()} if params is not None else \
+        args = XmlArgsCloser if self.syntax.xml else JsonCloser
+        self._protos = {n: args(p) for n, p in params.items()} if params is not None else \
             {None: JsonCloser(schema)}
         self._shorts = {n: jc.closing() for n, jc in self._protos.items()}
         s = self.syntax
@@ -215,9 +237,14 @@ class FramedCloser:
             self.phase, self.rest = "text", ""
         if self.phase == "lit" and not self.rest:
             self._begin()
+        self._start = self.snapshot()   # where the answer starts (after any open reasoning)
+        if self.reason is not None:     # "reason": text up to its closing tag; "gap": newlines after it
+            self.phase, self.tail = "reason", ""
 
     def _fresh(self, fn, snap=None) -> JsonCloser:
         proto = self._protos[fn]
+        if self.syntax.xml:
+            return proto.copy(snap)
         jc = JsonCloser.__new__(JsonCloser)
         jc.schemas = proto.schemas
         jc.restore(snap if snap is not None else proto.snapshot())
@@ -248,6 +275,15 @@ class FramedCloser:
 
     def _char(self, ch: str) -> None:
         s = self.syntax
+        if self.phase == "reason":
+            self.tail = (self.tail + ch)[-len(self.reason):]
+            if self.tail == self.reason:
+                self.phase, self.tail = "gap", ""
+            return
+        if self.phase == "gap":
+            if ch == "\n":
+                return
+            self.restore(self._start)
         if self.phase == "first":           # "{": the answer is one call's bare JSON
             if ch == "{":
                 self._begin()
@@ -309,6 +345,12 @@ class FramedCloser:
     def closing(self) -> str | None:
         if self.broken:
             return None
+        if self.phase in ("reason", "gap"):   # the tag (all of it: a part of one is reasoning text), then the answer's
+            now = self.snapshot()
+            self.restore(self._start)
+            rest = self.closing()
+            self.restore(now)
+            return None if rest is None else ("" if self.phase == "gap" else self.reason) + rest
         if self.phase in ("text", "first", "free", "after"):
             return ""
         if self.phase == "json":
@@ -330,8 +372,13 @@ class ToolPlan:
     def __init__(self, tokenizer, template, tools: list[dict], choice: str, parallel: bool):
         self.tools, self.choice = tools, choice
         self.names = {t["function"]["name"] for t in tools}
-        self.fmt = call_format(template)
+        self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        self.fmt, self.parallel = call_format(template), parallel
         self.grammar = tool_grammar(tokenizer, tools, self.fmt, choice, parallel)
+
+    def reasoning_first(self, tokenizer, close_tag: str) -> None:
+        """The prompt left a reasoning block open: the answer reasons up to close_tag first."""
+        self.grammar = tool_grammar(tokenizer, self.tools, self.fmt, self.choice, self.parallel, close_tag)
 
     def messages(self, msgs: list[dict]) -> list[dict]:
         """The conversation as the template gets it: with `instructions` in the system message
@@ -344,10 +391,10 @@ class ToolPlan:
         return [{"role": "system", "content": teach}] + msgs
 
     def parse(self, text: str) -> tuple[str, list[dict]]:
-        return parse_tool_calls(text, self.fmt, self.names)
+        return parse_tool_calls(text, self.fmt, self.schemas)
 
-    def stream(self) -> "ToolStream":
-        return ToolStream(self.fmt)
+    def stream(self):
+        return tool_stream(self.fmt, self.schemas)
 
 
 def plan(tokenizer, template, tools, tool_choice, parallel=True) -> ToolPlan | None:
@@ -375,4 +422,4 @@ def finish_reason(finish: str, completion, calls: int) -> str:
     return "tool_calls"
 
 
-from .tool_parse import ToolStream, new_id, parse_tool_calls  # noqa: E402  (they read SYNTAXES)
+from .tool_parse import ToolStream, new_id, parse_tool_calls, tool_stream  # noqa: E402  (they read SYNTAXES)

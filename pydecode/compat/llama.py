@@ -407,6 +407,11 @@ class Llama(TokenContext):
             raise ValueError("create_chat_completion: tools cannot be combined with grammar or response_format "
                              "(the answer is held to the tool-call syntax; tool_choice='none' for structured text)")
         ids = llm.chat_tokens(plan.messages(messages), tools=plan.tools) if plan else llm.chat_tokens(messages)
+        if plan is not None:   # a template that opens <think> (Qwen3.5): the answer reasons first
+            from ..chat.reasoning import close_tag, opens_reasoning
+            fmt = llm.reasoning_format
+            if fmt is not None and opens_reasoning(llm.tokenizer.decode(ids), fmt) and close_tag(fmt):
+                plan.reasoning_first(llm.tokenizer, close_tag(fmt))
         self._from_cache(ids)
         kw = self._sampling(temperature, top_p, top_k, min_p, typical_p, tfs_z, mirostat_mode, mirostat_tau,
                             mirostat_eta, repeat_penalty, frequency_penalty, presence_penalty, seed)

@@ -15,7 +15,7 @@ from ..chat.reasoning import ReasoningSplitter, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _ended, _finished, begin, openai_generation, read_json, submit
-from .chat_route import rendered_prompt
+from .chat_route import rendered_prompt, tools_after_reasoning
 from .chat_tools import template_tools
 from .params import APIError, bad
 from .streams import EventStream, text_chunks
@@ -152,6 +152,7 @@ async def messages(request: Request) -> Response:
     plan = _tool_plan(llm, body, g)
     msgs, kwargs = _template_args(state, llm, body, chat, plan)
     ids, _, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages")
+    tools_after_reasoning(llm, plan, g, fmt, opened)
     handles = await submit(state, llm, [ids], g, "messages")
     tools = plan is not None
     msg_id, model = f"msg_{uuid.uuid4().hex}", body.get("model") or state.model_id

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import openai_format as oai
-from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoning, split_reasoning
+from ..chat.reasoning import ReasoningSplitter, assistant_message, close_tag, opens_reasoning, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _finished, _streamed, _usage, check_model, openai_generation, read_json, submit
@@ -106,6 +106,15 @@ async def rendered_prompt(state, llm, msgs, kwargs, param: str, prefill: str = "
     return ids, text, fmt, opened
 
 
+def tools_after_reasoning(llm, plan, g, fmt, opened) -> None:
+    """A prompt that leaves a reasoning block open (Qwen3.5's `<think>\n`) is answered with the
+    reasoning first: the tool grammar then lets the answer reason up to the block's end."""
+    if plan is not None and opened and close_tag(fmt) is not None:
+        plan.reasoning_first(llm.tokenizer, close_tag(fmt))
+        if g is not None:
+            g.structure = {"grammar": plan.grammar}
+
+
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.pd
     llm = state.model()
@@ -115,6 +124,7 @@ async def chat_completions(request: Request) -> Response:
     plan = tool_plan(llm, body, g)
     msgs, kwargs, prefill = template_args(state, body, plan)
     ids, text, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "messages", prefill)
+    tools_after_reasoning(llm, plan, g, fmt, opened)
     slot = params._int(body, "id_slot", -1, lo=-1, hi=llm.engine.model.n_seq - 1)
     progress = Progress(lambda: None) if g.stream and body.get("return_progress") else None
     extra = {"slot": None if slot < 0 else slot}

@@ -107,13 +107,14 @@ def _call(call_id: str, name: str, arguments: str, status: str = "completed") ->
 
 
 async def responses(request: Request) -> Response:
-    from .chat_route import tool_plan
+    from .chat_route import tool_plan, tools_after_reasoning
     state, llm, body = await begin(request)
     chat = _chat_body(body)
     g = openai_generation(state, llm, chat, chat=True, default_max_tokens=None)
     plan = tool_plan(llm, chat, g)   # function calls always parse (chat/tools.py)
     msgs, kwargs = _template_inputs(llm, chat, plan)
     ids, _, fmt, opened = await rendered_prompt(state, llm, msgs, kwargs, "input")
+    tools_after_reasoning(llm, plan, g, fmt, opened)
     progress, extra = None, {}
     if g.stream and body.get("return_progress"):
         import asyncio
