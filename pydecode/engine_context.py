@@ -76,7 +76,8 @@ class SeqContexts:
         would be refused), so in the main thread it is held until the step is booked, then raised.
         (A step is one model call, which a Ctrl-C never cuts short anyway; a dense model's redo
         rewrites the same K/V rows, so it needs none of this.)"""
-        if not self.model.config.recurrent or threading.current_thread() is not threading.main_thread() \
+        config = getattr(self.model, "config", None)   # (a test's scripted model has none)
+        if config is None or not config.recurrent or threading.current_thread() is not threading.main_thread() \
                 or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             yield
             return
