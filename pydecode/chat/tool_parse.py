@@ -14,7 +14,7 @@ from .tools import SYNTAXES, Syntax
 def tool_stream(fmt: str | None, schemas=None):
     """The streaming reader of an answer in syntax fmt (schemas: {name: parameters}, which the
     XML syntax needs to tell a string value from JSON)."""
-    return tool_xml.XmlToolStream(schemas) if SYNTAXES[fmt or "hermes"].xml else ToolStream(fmt)
+    return XmlToolStream(schemas) if SYNTAXES[fmt or "hermes"].xml else ToolStream(fmt)
 
 
 def _call(obj, names) -> dict | None:
@@ -111,22 +111,10 @@ def parse_tool_calls(text: str, fmt: str | None, names) -> tuple[str, list[dict]
 _HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","(?:arguments|parameters)":')
 
 
-class ToolStream:
-    """The streaming side of parse_tool_calls, for answers made under tool_grammar (compact JSON,
-    name first): `feed(text)` returns deltas, in order:
-
-        ("content", text)                 text before the calls (a possible start of the
-                                          trigger is held back until it is decided)
-        ("call", index, id, name)         a call begins: its name is known
-        ("args", index, fragment)         its arguments' JSON, piece by piece
-    """
-
-    def __init__(self, fmt: str | None):
-        self.syntax = SYNTAXES[fmt or "hermes"]
-        self.mode = "first" if not self.syntax.trigger or self.syntax.bare else "text"
-        self.buf = ""          # text held back (a possible trigger) / a call's head so far
-        self.index = -1
-        self.depth, self.instr, self.esc = 0, False, False
+class _Deltas:
+    """What the streaming readers share: feed(text) -> deltas (each reader's _char), merged to
+    one per kind and call; finish() gives back text held for a trigger that never completed."""
+    mode, buf, index = "text", "", -1
 
     @property
     def calls(self) -> int:
@@ -150,6 +138,27 @@ class ToolStream:
         return out
 
     def _char(self, ch: str, out: list) -> None:
+        raise NotImplementedError
+
+
+class ToolStream(_Deltas):
+    """The streaming side of parse_tool_calls, for answers made under tool_grammar (compact JSON,
+    name first): `feed(text)` returns deltas, in order:
+
+        ("content", text)                 text before the calls (a possible start of the
+                                          trigger is held back until it is decided)
+        ("call", index, id, name)         a call begins: its name is known
+        ("args", index, fragment)         its arguments' JSON, piece by piece
+    """
+
+    def __init__(self, fmt: str | None):
+        self.syntax = SYNTAXES[fmt or "hermes"]
+        self.mode = "first" if not self.syntax.trigger or self.syntax.bare else "text"
+        self.buf = ""          # text held back (a possible trigger) / a call's head so far
+        self.index = -1
+        self.depth, self.instr, self.esc = 0, False, False
+
+    def _char(self, ch: str, out: list) -> None:
         syn = self.syntax
         trig = syn.trigger
         if self.mode == "first":            # "{" first: a bare call (see Syntax.bare)
@@ -166,8 +175,7 @@ class ToolStream:
                     out.append(("content", self.buf[:-len(trig)]))
                 self.buf, self.mode = "", "name" if syn.named is not None else "seek"
                 return
-            keep = next((k for k in range(min(len(trig) - 1, len(self.buf)), 0, -1)
-                         if trig.startswith(self.buf[-k:])), 0)
+            keep = _held(self.buf, trig)
             if len(self.buf) > keep:
                 out.append(("content", self.buf[:len(self.buf) - keep]))
                 self.buf = self.buf[len(self.buf) - keep:]
@@ -213,3 +221,83 @@ class ToolStream:
                 self.depth -= 1
                 if named and self.depth == 0:
                     self.mode, self.buf = "between", ""
+
+
+def _held(buf: str, end: str) -> int:
+    """How many characters at the end of buf may begin `end` (they wait for the next ones)."""
+    return next((k for k in range(min(len(end) - 1, len(buf)), 0, -1) if end.startswith(buf[-k:])), 0)
+
+
+class XmlToolStream(_Deltas):
+    """ToolStream's interface (feed -> deltas, finish, calls) for the XML syntax: ("content",
+    text) before the calls, ("call", index, id, name) once <function=NAME> is read, ("args",
+    index, fragment) its arguments as JSON text: {"city": "Paris", "days": 3}."""
+
+    TRIGGER = SYNTAXES["qwen3_xml"].trigger
+
+    def __init__(self, schemas=None):
+        self.schemas = schemas if isinstance(schemas, dict) else {}
+        self.mode, self.buf, self.index = "text", "", -1
+        self.name, self.param, self.n_params = "", None, 0
+
+    def _is_string(self, param: str) -> bool:
+        props = (self.schemas.get(self.name) or {}).get("properties", {})
+        return param in props and tool_xml.is_string(props[param])
+
+    def _char(self, ch: str, out: list) -> None:
+        self.buf += ch
+        b = self.buf
+        if self.mode == "text":
+            if b.endswith(self.TRIGGER):
+                if b[:-len(self.TRIGGER)]:
+                    out.append(("content", b[:-len(self.TRIGGER)]))
+                self.buf, self.mode = "", "head"
+                return
+            keep = _held(b, self.TRIGGER)
+            if len(b) > keep:
+                out.append(("content", b[:len(b) - keep]))
+                self.buf = b[len(b) - keep:]
+        elif self.mode == "head":        # whitespace, then <function=NAME>
+            s = b.lstrip()
+            m = re.fullmatch(r"<function=([^>\n]+)>", s)
+            if m:
+                self.index += 1
+                self.name, self.n_params, self.mode, self.buf = m.group(1), 0, "tag", ""
+                out.append(("call", self.index, new_id(), self.name))
+            elif not ("<function=".startswith(s) or (s.startswith("<function=") and not re.search(r"[>\n]", s))):
+                out.append(("content", self.TRIGGER + b))   # not a call after all: text, as parse() leaves it
+                self.mode, self.buf = "text", ""
+        elif self.mode == "tag":         # <parameter=P>\n, or </function>
+            s = b.lstrip("\n")
+            m = re.fullmatch(r"<parameter=([^>\n]+)>\n", s)
+            if m:
+                self.param = m.group(1)
+                sep = "{" if not self.n_params else ", "
+                self.n_params += 1
+                quote = '"' if self._is_string(self.param) else ""
+                out.append(("args", self.index, sep + json.dumps(self.param, ensure_ascii=False) + ": " + quote))
+                self.mode, self.buf = "text_value" if quote else "json_value", ""
+            elif s.startswith(tool_xml.END_ARGS):
+                out.append(("args", self.index, "}" if self.n_params else "{}"))
+                self.mode, self.buf = "between", ""
+        elif self.mode in ("text_value", "json_value"):
+            end = tool_xml.END_VALUE.rstrip("\n")
+            if b.endswith(end):
+                val = b[:-len(end)]
+                out += [("args", self.index, self._piece(val))] if val else []
+                if self.mode == "text_value":
+                    out.append(("args", self.index, '"'))
+                self.mode, self.buf = "tag", ""
+                return
+            keep = _held(b, end)
+            if len(b) > keep:
+                out.append(("args", self.index, self._piece(b[:len(b) - keep])))
+                self.buf = b[len(b) - keep:]
+        elif self.mode == "between":     # after a call: the next trigger, or nothing
+            if b.endswith(self.TRIGGER):
+                self.buf, self.mode = "", "head"
+            elif len(b) > len(self.TRIGGER):
+                self.buf = b[-len(self.TRIGGER):]
+
+    def _piece(self, s: str) -> str:
+        return json.dumps(s, ensure_ascii=False)[1:-1] if self.mode == "text_value" else s

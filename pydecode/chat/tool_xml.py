@@ -14,8 +14,8 @@
 A parameter's value is its text: a string as it is (any text but the closing tag), anything else
 as JSON (the templates write mappings and lists with tojson). Here: the grammar of one function's
 parameters (`params_grammar`), the closer of a cut call (`XmlArgsCloser`, JsonCloser's interface,
-run by tools.FramedCloser), the parser (`parse`) and the streaming reader (`XmlToolStream`), which
-gives the arguments as OpenAI's JSON text, piece by piece.
+run by tools.FramedCloser) and the parser (`parse`); its streaming reader, which gives the
+arguments as OpenAI's JSON text piece by piece, is chat/tool_parse.py's XmlToolStream.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _is_text(schema: dict) -> bool:
     return schema.get("type") == "string" and "enum" not in schema and "const" not in schema
 
 
-def _is_string(schema: dict) -> bool:
+def is_string(schema: dict) -> bool:
     """Whether the value is a string written as it is (free text, or one of its choices)."""
     return _is_text(schema) or _choices(schema) is not None
 
@@ -126,6 +126,12 @@ class XmlArgsCloser:
                 out += f"<parameter={self.props[k][0]}>\n{self._short[k]}{END_VALUE}"
         return out + END_ARGS
 
+    def _ends(self) -> list[str]:
+        """The "end" phase's texts: a string choice's values (then the closing tag), or, after a
+        JSON value, the closing tag alone."""
+        choices = _choices(self.props[self.at][1])
+        return [c + END_VALUE for c in choices] if choices else [END_VALUE]
+
     def _tags(self):
         """(text, index) of what may come in the tag phase: a parameter's opening tag, or the end."""
         for k in range(self.at, len(self.props)):
@@ -151,7 +157,7 @@ class XmlArgsCloser:
                         self.complete = True
                     else:
                         self.at, p = k, self.props[k][1]
-                        self.phase = "text" if _is_text(p) else "choice" if _choices(p) else "json"
+                        self.phase = "text" if _is_text(p) else "end" if _choices(p) else "json"
                         self.json = JsonCloser(p) if self.phase == "json" else None
                     return
             if not any(tag.startswith(self.buf) for tag, _ in self._tags()):
@@ -160,27 +166,19 @@ class XmlArgsCloser:
             self.buf += ch
             if self.buf.endswith(END_VALUE):
                 self.phase, self.buf, self.at = "tag", "", self.at + 1
-        elif self.phase == "choice":
-            self.buf += ch
-            opts = [c + END_VALUE for c in _choices(self.props[self.at][1])]
-            if self.buf in opts:
-                self.phase, self.buf, self.at = "tag", "", self.at + 1
-            elif not any(o.startswith(self.buf) for o in opts):
-                self.broken = True
         elif self.phase == "json":
             if ch == END_VALUE[0] and self.json.closing() == "":   # a whole value (a number ends only here)
-                self.phase, self.buf, self.json = "lit", END_VALUE[1:], None
+                self.phase, self.buf, self.json = "end", ch, None
                 return
             self.json.feed(ch)
             if self.json.complete:
-                self.phase, self.buf, self.json = "lit", END_VALUE, None
-        elif self.phase == "lit":
-            if ch != self.buf[0]:
+                self.phase, self.buf, self.json = "end", "", None
+        elif self.phase == "end":
+            self.buf += ch
+            if self.buf in self._ends():
+                self.phase, self.buf, self.at = "tag", "", self.at + 1
+            elif not any(e.startswith(self.buf) for e in self._ends()):
                 self.broken = True
-                return
-            self.buf = self.buf[1:]
-            if not self.buf:
-                self.phase, self.at = "tag", self.at + 1
 
     def closing(self) -> str | None:
         if self.broken:
@@ -205,13 +203,11 @@ class XmlArgsCloser:
             return None
         if self.phase == "text":
             return END_VALUE + rest
-        if self.phase == "choice":
-            opts = [c for c in _choices(self.props[self.at][1]) if c.startswith(self.buf)]
-            return None if not opts else min(opts, key=len)[len(self.buf):] + END_VALUE + rest
         if self.phase == "json":
             tail = self.json.closing()
             return None if tail is None else tail + END_VALUE + rest
-        return self.buf + rest
+        ends = [e for e in self._ends() if e.startswith(self.buf)]
+        return None if not ends else min(ends, key=len)[len(self.buf):] + rest
 
 
 _CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*(?:</tool_call>|$)", re.S)
@@ -238,108 +234,3 @@ def parse(text: str, schemas) -> tuple[str, list[dict]]:
     if not calls:
         return text, []
     return ("".join(kept) + text[at:]).strip(), calls
-
-
-def _held(buf: str, end: str) -> int:
-    """How many characters at the end of buf may begin `end` (they wait for the next ones)."""
-    return next((k for k in range(min(len(end) - 1, len(buf)), 0, -1) if end.startswith(buf[-k:])), 0)
-
-
-class XmlToolStream:
-    """ToolStream's interface (feed -> deltas, finish, calls) for the XML syntax: ("content",
-    text) before the calls, ("call", index, id, name) once <function=NAME> is read, ("args",
-    index, fragment) its arguments as JSON text: {"city": "Paris", "days": 3}."""
-
-    TRIGGER = "<tool_call>"
-
-    def __init__(self, schemas=None):
-        self.schemas = schemas if isinstance(schemas, dict) else {}
-        self.mode, self.buf, self.index = "text", "", -1
-        self.name, self.param, self.n_params = "", None, 0
-
-    @property
-    def calls(self) -> int:
-        return self.index + 1
-
-    def feed(self, text: str) -> list[tuple]:
-        out: list[tuple] = []
-        for ch in text:
-            self._char(ch, out)
-        merged: list[tuple] = []
-        for d in out:
-            if merged and d[0] in ("content", "args") and merged[-1][0] == d[0] and merged[-1][1:-1] == d[1:-1]:
-                merged[-1] = merged[-1][:-1] + (merged[-1][-1] + d[-1],)
-            else:
-                merged.append(d)
-        return merged
-
-    def finish(self) -> list[tuple]:
-        out, self.buf = ([("content", self.buf)] if self.mode == "text" and self.buf else []), ""
-        return out
-
-    def _is_string(self, param: str) -> bool:
-        props = (self.schemas.get(self.name) or {}).get("properties", {})
-        return param in props and _is_string(props[param])
-
-    def _char(self, ch: str, out: list) -> None:
-        self.buf += ch
-        b = self.buf
-        if self.mode == "text":
-            if b.endswith(self.TRIGGER):
-                if b[:-len(self.TRIGGER)]:
-                    out.append(("content", b[:-len(self.TRIGGER)]))
-                self.buf, self.mode = "", "head"
-                return
-            keep = _held(b, self.TRIGGER)
-            if len(b) > keep:
-                out.append(("content", b[:len(b) - keep]))
-                self.buf = b[len(b) - keep:]
-        elif self.mode == "head":        # whitespace, then <function=NAME>
-            s = b.lstrip()
-            m = re.fullmatch(r"<function=([^>\n]+)>", s)
-            if m:
-                self.index += 1
-                self.name, self.n_params, self.mode, self.buf = m.group(1), 0, "tag", ""
-                out.append(("call", self.index, _new_id(), self.name))
-            elif not ("<function=".startswith(s) or (s.startswith("<function=") and not re.search(r"[>\n]", s))):
-                out.append(("content", self.TRIGGER + b))   # not a call after all: text, as parse() leaves it
-                self.mode, self.buf = "text", ""
-        elif self.mode == "tag":         # <parameter=P>\n, or </function>
-            s = b.lstrip("\n")
-            m = re.fullmatch(r"<parameter=([^>\n]+)>\n", s)
-            if m:
-                self.param = m.group(1)
-                sep = "{" if not self.n_params else ", "
-                self.n_params += 1
-                quote = '"' if self._is_string(self.param) else ""
-                out.append(("args", self.index, sep + json.dumps(self.param, ensure_ascii=False) + ": " + quote))
-                self.mode, self.buf = "text_value" if quote else "json_value", ""
-            elif s.startswith(END_ARGS):
-                out.append(("args", self.index, "}" if self.n_params else "{}"))
-                self.mode, self.buf = "between", ""
-        elif self.mode in ("text_value", "json_value"):
-            end = END_VALUE.rstrip("\n")
-            if b.endswith(end):
-                val = b[:-len(end)]
-                out += [("args", self.index, self._piece(val))] if val else []
-                if self.mode == "text_value":
-                    out.append(("args", self.index, '"'))
-                self.mode, self.buf = "tag", ""
-                return
-            keep = _held(b, end)
-            if len(b) > keep:
-                out.append(("args", self.index, self._piece(b[:len(b) - keep])))
-                self.buf = b[len(b) - keep:]
-        elif self.mode == "between":     # after a call: the next trigger, or nothing
-            if b.endswith(self.TRIGGER):
-                self.buf, self.mode = "", "head"
-            elif len(b) > len(self.TRIGGER):
-                self.buf = b[-len(self.TRIGGER):]
-
-    def _piece(self, s: str) -> str:
-        return json.dumps(s, ensure_ascii=False)[1:-1] if self.mode == "text_value" else s
-
-
-def _new_id() -> str:
-    from .tool_parse import new_id
-    return new_id()
