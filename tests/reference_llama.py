@@ -69,9 +69,7 @@ class ReferenceModel:
             raise NotImplementedError(f"{type(self).__name__} supports {', '.join(self.ARCHS)}; got {arch!r}"
                                       + (" (tests/reference_qwen35.py has the hybrids)" if arch.startswith("qwen35") else ""))
         self.arch = arch
-
-        def m(key, default=None):
-            return self.meta(f"{arch}.{key}", default)
+        m = self.hparam
 
         self.n_layer = int(m("block_count"))
         self.n_embd = int(m("embedding_length"))
@@ -120,6 +118,10 @@ class ReferenceModel:
     def meta(self, key, default=None):
         f = self.fields.get(key)
         return default if f is None else f.contents()
+
+    def hparam(self, key, default=None):
+        """The architecture's own key (ARCH.key)."""
+        return self.meta(f"{self.arch}.{key}", default)
 
     @property
     def vocab(self) -> list:

@@ -50,9 +50,7 @@ class Qwen35Reference(ReferenceModel):
 
     def __init__(self, path, act_quant: bool = False):
         super().__init__(path, act_quant)
-
-        def m(key, default=None):
-            return self.meta(f"{self.arch}.{key}", default)
+        m = self.hparam
 
         self.d_conv = int(m("ssm.conv_kernel"))
         self.d_inner = int(m("ssm.inner_size"))
