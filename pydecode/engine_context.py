@@ -66,7 +66,7 @@ class SeqContexts:
         """(In the step.) s's slot state holds its prompt up to its checkpoint position: a copy
         goes to the ledger (memory: Model.ssm_slot_bytes per checkpoint)."""
         if s.ckpt_at is not None and len(s.kv) == s.ckpt_at and s.base is s.prompt:
-            self.model.slots.add_checkpoint(s.slot, s, s.ckpt_at, bytes(self.model.ssm_snapshot(s.slot)))
+            self.model.slots.add_checkpoint(s.slot, s, s.ckpt_at, self.model.ssm_snapshot(s.slot))
             s.ckpt_at = None
 
     @contextlib.contextmanager

@@ -74,7 +74,7 @@ class SlotLedger:
         self._ring = ring
         # A hybrid's checkpoints per slot: {position: the recurrent state's bytes there}, oldest
         # first; each is of the slot's held tokens (the ledger drops those a write invalidates).
-        self._ckpt: list[dict[int, bytes]] = [{} for _ in range(n_seq)]
+        self._ckpt: list[dict[int, bytearray]] = [{} for _ in range(n_seq)]
         self.max_checkpoints = DEFAULT_CHECKPOINTS if ring == RECURRENT else 0
 
     @property
@@ -108,10 +108,10 @@ class SlotLedger:
         """A lease's reuse of its slot: the tokens kept; the checkpoints past them go (the lessee
         writes those positions again)."""
         n = self._reusable(slot, prompt, checkpoints)
-        self._ckpt[slot] = {c: b for c, b in self._ckpt[slot].items() if c <= n}
+        self.trim_checkpoints(slot, n)
         return n
 
-    def restore_point(self, slot: int, n: int) -> bytes | None:
+    def restore_point(self, slot: int, n: int) -> bytearray | None:
         """The checkpoint a lease reusing n tokens of `slot` must put back first: None when its
         state is there already (its whole held run) or starts afresh (n = 0)."""
         with self._lock:
@@ -119,7 +119,7 @@ class SlotLedger:
                 return None
             return self._ckpt[slot][n]
 
-    def add_checkpoint(self, slot: int, lessee: object, pos: int, state: bytes) -> None:
+    def add_checkpoint(self, slot: int, lessee: object, pos: int, state: bytearray) -> None:
         """The lessee's slot state after its first `pos` held tokens, kept for later leases (at
         most max_checkpoints per slot: the oldest goes first)."""
         with self._lock:
@@ -132,7 +132,8 @@ class SlotLedger:
                 del ck[next(iter(ck))]
 
     def trim_checkpoints(self, slot: int, n: int) -> None:
-        """Positions from n on of `slot` are written again (a context shift): their checkpoints go."""
+        """Positions from n on of `slot` are written again (a lease's reuse, a context shift): their
+        checkpoints go."""
         with self._lock:
             self._ckpt[slot] = {c: b for c, b in self._ckpt[slot].items() if c <= n}
 

@@ -23,8 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SSM_MAX_STATE 512   /* dims per head at most (the per-token scratch below lives on the stack) */
-
 /* ---------------- config, memory ---------------- */
 
 static int n_recurrent(const pd_config *c) {
@@ -40,14 +38,19 @@ int pd_ssm_check_config(const pd_config *c, char *err, int len) {
     if (c->ssm_n_k < 1 || c->ssm_n_v < 1 || c->ssm_n_v > 4096 || c->ssm_n_v % c->ssm_n_k)
         return pd_set_err(err, len, "ssm value heads %d must be a multiple of the key heads %d (1..4096)",
                           c->ssm_n_v, c->ssm_n_k);
-    if (c->ssm_d_state < PD_QK || c->ssm_d_state > SSM_MAX_STATE || c->ssm_d_state % PD_QK)
+    if (c->ssm_d_state < PD_QK || c->ssm_d_state > PD_SSM_MAX_STATE || c->ssm_d_state % PD_QK)
         return pd_set_err(err, len, "ssm.state_size %d must be a multiple of %d in %d..%d", c->ssm_d_state, PD_QK,
-                          PD_QK, SSM_MAX_STATE);
+                          PD_QK, PD_SSM_MAX_STATE);
     return PD_OK;
 }
 
 static size_t conv_floats(const pd_config *c) { return (size_t)(c->ssm_d_conv - 1) * pd_ssm_channels(c); }
 static size_t state_floats(const pd_config *c) { return (size_t)c->ssm_n_v * c->ssm_d_state * c->ssm_d_state; }
+
+/* The chunked delta rule's scratch, one per thread (deltanet_chunk.c). */
+static size_t chunk_floats(const pd_config *c) {
+    return (size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_delta_scratch_floats(c->ssm_d_state);
+}
 
 /* Per slot, every recurrent layer: its convolution inputs and its heads' matrices. */
 static size_t slot_bytes(const pd_config *c) {
@@ -59,7 +62,7 @@ static size_t scratch_floats(const pd_config *c) {
     size_t f = c->attn_gated ? nb * 3 * qd : 0;
     if (n_recurrent(c))
         f += nb * ((size_t)pd_ssm_channels(c) + 2 * (size_t)pd_ssm_inner(c) + 2 * (size_t)c->ssm_n_v) +
-             (size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_delta_scratch_floats(c->ssm_d_state);
+             chunk_floats(c);
     return f;
 }
 
@@ -98,7 +101,7 @@ int pd_ssm_alloc(pd_model *m) {
     e->z = malloc(nb * pd_ssm_inner(c) * sizeof(float));
     e->o = malloc(nb * pd_ssm_inner(c) * sizeof(float));
     e->ba = malloc(nb * 2 * c->ssm_n_v * sizeof(float));
-    e->chunk = malloc((size_t)(c->n_threads > 0 ? c->n_threads : 1) * pd_delta_scratch_floats(c->ssm_d_state) * sizeof(float));
+    e->chunk = malloc(chunk_floats(c) * sizeof(float));
     return e->qkv && e->z && e->o && e->ba && e->chunk ? 0 : -1;
 }
 

@@ -58,6 +58,8 @@ void pd_ssm_advance(struct pd_model *m, const int32_t *pos, const int32_t *seq, 
 size_t pd_ssm_slot_bytes(const struct pd_model *m);
 void pd_ssm_copy_slot(struct pd_model *m, int seq, char *buf, int to_state);
 
+/* Dims per head at most (a hostile state_size is refused; the chunk scratch grows with it). */
+#define PD_SSM_MAX_STATE 512
 /* The chunked delta rule (deltanet_chunk.c): a slot's run of tokens per call, at most this many. */
 #define PD_DELTA_CHUNK 64
 size_t pd_delta_scratch_floats(int d);

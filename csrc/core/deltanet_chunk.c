@@ -1,5 +1,5 @@
 /* The gated delta rule over a chunk of tokens in matrix form (deltanet.c's phase_delta runs it;
- * deltanet.c's delta_sequential, token by token, is the twin the tests hold it to).
+ * pd_delta_sequential below, token by token, is the twin the tests hold it to).
  *
  * Token t of the chunk (t = 0..n-1) decays the state by exp(g_t), then writes beta_t times the
  * error of its value: S_t = exp(g_t) S_{t-1} + k_t u_t^T, u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t).
@@ -19,7 +19,7 @@
 #include <math.h>
 #include <string.h>
 
-/* Per thread, for a chunk of d-dim heads (deltanet.c allocates PD_DELTA_CHUNK of them). */
+/* Per thread, for a chunk of PD_DELTA_CHUNK tokens of a head of d dims (deltanet.c's chunk_floats). */
 size_t pd_delta_scratch_floats(int d) {
     const size_t n = PD_DELTA_CHUNK, dd = (size_t)d;
     return 2 * n * dd      /* kq: the chunk's k rows, then its q rows (the caller's) */

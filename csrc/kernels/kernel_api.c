@@ -129,7 +129,7 @@ int pd_kernel_attn_mh(const char *isa, int kv_type, int nh, int hd, const float 
 int pd_kernel_delta_rule(const char *isa, int sequential, float *S, int d, int n, const float *kq, const float *v,
                          const float *beta, const float *g, float *o) {
     const pd_kernels *kt = pd_kernels_select(isa);
-    if (!kt || !S || !kq || !v || !beta || !g || !o || d < 1 || d > 512 || n < 1) return PD_EINVAL;
+    if (!kt || !S || !kq || !v || !beta || !g || !o || d < 1 || d > PD_SSM_MAX_STATE || n < 1) return PD_EINVAL;
     const size_t dd = (size_t)d;
     float *sc = malloc(pd_delta_scratch_floats(d) * sizeof(float));
     if (!sc) return PD_ENOMEM;

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..json_closer import JsonCloser
+from .reasoning import close_tag
 from .tool_xml import XmlArgsCloser, params_grammar
 
 
@@ -371,14 +372,17 @@ class ToolPlan:
 
     def __init__(self, tokenizer, template, tools: list[dict], choice: str, parallel: bool):
         self.tools, self.choice = tools, choice
-        self.names = {t["function"]["name"] for t in tools}
         self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
         self.fmt, self.parallel = call_format(template), parallel
         self.grammar = tool_grammar(tokenizer, tools, self.fmt, choice, parallel)
 
-    def reasoning_first(self, tokenizer, close_tag: str) -> None:
-        """The prompt left a reasoning block open: the answer reasons up to close_tag first."""
-        self.grammar = tool_grammar(tokenizer, self.tools, self.fmt, self.choice, self.parallel, close_tag)
+    def reasoning_first(self, tokenizer, reasoning_fmt: str | None) -> bool:
+        """The prompt left a reasoning block of this format open: the answer reasons up to the
+        block's closing tag first. False (the grammar unchanged) for a format without one."""
+        tag = close_tag(reasoning_fmt)
+        if tag is not None:
+            self.grammar = tool_grammar(tokenizer, self.tools, self.fmt, self.choice, self.parallel, tag)
+        return tag is not None
 
     def messages(self, msgs: list[dict]) -> list[dict]:
         """The conversation as the template gets it: with `instructions` in the system message

@@ -21,6 +21,7 @@ import numpy as np
 from .. import openai_format as oai
 from ..chat import tools as tool_calls
 from ..chat.fim import fim_prompt
+from ..chat.reasoning import opens_reasoning
 from ..llm import LLM, load
 from .llama_cache import LlamaState, longest_token_prefix
 from .llama_grammar import structure_of
@@ -407,11 +408,8 @@ class Llama(TokenContext):
             raise ValueError("create_chat_completion: tools cannot be combined with grammar or response_format "
                              "(the answer is held to the tool-call syntax; tool_choice='none' for structured text)")
         ids = llm.chat_tokens(plan.messages(messages), tools=plan.tools) if plan else llm.chat_tokens(messages)
-        if plan is not None:   # a template that opens <think> (Qwen3.5): the answer reasons first
-            from ..chat.reasoning import close_tag, opens_reasoning
-            fmt = llm.reasoning_format
-            if fmt is not None and opens_reasoning(llm.tokenizer.decode(ids), fmt) and close_tag(fmt):
-                plan.reasoning_first(llm.tokenizer, close_tag(fmt))
+        if plan is not None and opens_reasoning(llm.tokenizer.decode(ids), llm.reasoning_format):
+            plan.reasoning_first(llm.tokenizer, llm.reasoning_format)   # (Qwen3.5's <think>: it reasons first)
         self._from_cache(ids)
         kw = self._sampling(temperature, top_p, top_k, min_p, typical_p, tfs_z, mirostat_mode, mirostat_tau,
                             mirostat_eta, repeat_penalty, frequency_penalty, presence_penalty, seed)

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import openai_format as oai
-from ..chat.reasoning import ReasoningSplitter, assistant_message, close_tag, opens_reasoning, split_reasoning
+from ..chat.reasoning import ReasoningSplitter, assistant_message, opens_reasoning, split_reasoning
 from ..chat.templates import TemplateError
 from . import params
 from .app import _finished, _streamed, _usage, check_model, openai_generation, read_json, submit
@@ -109,10 +109,8 @@ async def rendered_prompt(state, llm, msgs, kwargs, param: str, prefill: str = "
 def tools_after_reasoning(llm, plan, g, fmt, opened) -> None:
     """A prompt that leaves a reasoning block open (Qwen3.5's `<think>\n`) is answered with the
     reasoning first: the tool grammar then lets the answer reason up to the block's end."""
-    if plan is not None and opened and close_tag(fmt) is not None:
-        plan.reasoning_first(llm.tokenizer, close_tag(fmt))
-        if g is not None:
-            g.structure = {"grammar": plan.grammar}
+    if plan is not None and opened and plan.reasoning_first(llm.tokenizer, fmt) and g is not None:
+        g.structure = {"grammar": plan.grammar}
 
 
 async def chat_completions(request: Request) -> Response:
