@@ -109,8 +109,16 @@ def reference_logits(path: Path, ids: list[int], n_ctx: int = 0) -> np.ndarray:
     activations not quantized, no f16 cache): what both runtimes approximate."""
     sys.path.insert(0, str(ROOT / "tests"))
     from reference_llama import ReferenceModel
+    from reference_qwen35 import Qwen35Reference
 
-    ref = ReferenceModel(path)
+    from pydecode.gguf_file import GGUFFile
+
+    f = GGUFFile(path)
+    try:
+        hybrid = f.architecture in Qwen35Reference.ARCHS   # the hybrids' reference adds the delta nets
+    finally:
+        f.close()
+    ref = (Qwen35Reference if hybrid else ReferenceModel)(path)
     # phi3's LongRoPE factors follow the context, as both runtimes choose them
     ref.long_factors = bool(n_ctx) and n_ctx > int(ref.meta(f"{ref.arch}.rope.scaling.original_context_length", 1 << 30))
     try:

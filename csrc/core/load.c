@@ -234,7 +234,8 @@ static int repack_one(pd_model *m, pd_tensor *t, int slot_index, int release) {
 }
 
 /* Whether tensor slot i (of all PD_GLOBAL_SLOTS + n_layer * PD_LAYER_SLOTS) may be repacked:
- * the output head and the layers' matmuls, Q/K/V only when their sizes keep row groups aligned. */
+ * the output head and the layers' matmuls (a delta net's too), Q/K/V only when their sizes keep row
+ * groups aligned. */
 static int repack_slot_eligible(const pd_config *c, int i) {
     if (i < PD_GLOBAL_SLOTS) return i == PD_OUTPUT;
     const int slot = (i - PD_GLOBAL_SLOTS) % PD_LAYER_SLOTS;
@@ -246,6 +247,8 @@ static int repack_slot_eligible(const pd_config *c, int i) {
     return slot == PD_WO || slot == PD_GATE || slot == PD_UP || slot == PD_DOWN || slot == PD_DOWN_EXPS ||
            slot == PD_GATE_SHEXP || slot == PD_UP_SHEXP || slot == PD_DOWN_SHEXP ||
            slot == PD_GATE_INP || (exps_ok && (slot == PD_GATE_EXPS || slot == PD_UP_EXPS)) ||
+           /* a delta-net layer's projections: each its own chunks of whole row groups */
+           slot == PD_SSM_QKV || slot == PD_SSM_Z || slot == PD_SSM_BETA || slot == PD_SSM_ALPHA || slot == PD_SSM_OUT ||
            (qkv_ok && (slot == PD_WQ || slot == PD_WK || slot == PD_WV));
 }
 
