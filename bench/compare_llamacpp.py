@@ -155,6 +155,11 @@ def compare(binary, path, threads, n_prompt, n_gen, reps, rounds, depth, log, kv
     return res
 
 
+def _ratio(a, b):
+    """a / b; nan where b is 0 (a test not run, -p 0 or -n 0)."""
+    return a / b if b else float("nan")
+
+
 def table(results, n_prompt, n_gen) -> str:
     tg, pp = f"tg{n_gen}", f"pp{n_prompt}"
     head = ["model", "thr", "depth",
@@ -171,12 +176,12 @@ def table(results, n_prompt, n_gen) -> str:
         rows.append([
             r["model"].removesuffix(".gguf"), str(r["threads"]), str(r["depth"]),
             f"{lt[0]:.1f} / {lt[1]:.1f}", f"{pt[0]:.1f} / {pt[1]:.1f}",
-            f"{pt[0] / lt[0]:.2f} / {pt[1] / lt[1]:.2f}",
+            f"{_ratio(pt[0], lt[0]):.2f} / {_ratio(pt[1], lt[1]):.2f}",
             f"{lp[0]:.1f} / {lp[1]:.1f}", f"{pq[0]:.1f} / {pq[1]:.1f}",
-            f"{pq[0] / lp[0]:.2f} / {pq[1] / lp[1]:.2f}",
+            f"{_ratio(pq[0], lp[0]):.2f} / {_ratio(pq[1], lp[1]):.2f}",
             f"{bpt / 1e6:.1f}", f"{lt[0] * bpt / 1e9:.1f} / {pt[0] * bpt / 1e9:.1f}",
             # a median far under the best: outside load hit this row, trust the best-of columns
-            "yes" if min(x[1] / x[0] for x in (lt, pt, lp, pq)) < NOISY else "",
+            "yes" if min((x[1] / x[0] for x in (lt, pt, lp, pq) if x[0] > 0), default=1.0) < NOISY else "",
         ])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

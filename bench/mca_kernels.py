@@ -53,7 +53,7 @@ LOOPS = [
     ("q8_0 r16", "q8_0", "csrc/kernels/x86/avx512.c", f"tile_r16(PD_Q8_0_R16, 1, {NB}, w, x, 0, y, 0)", 544, "avx512"),
 ]
 # Instructions each -mcpu cannot run (its table would never be picked there).
-LACKS = {"znver3": {"avx512"}, "alderlake": {"avx512"}, "znver4": {"avxvnni"}, "icelake-server": {"avxvnni"},
+LACKS = {"znver3": {"avx512", "avxvnni"}, "alderlake": {"avx512"}, "znver4": {"avxvnni"}, "icelake-server": {"avxvnni"},
          "skylake-avx512": {"avxvnni"}}
 
 
