@@ -80,8 +80,8 @@ def host_ghz() -> float:
 def measured(isa: str, fmt: str, layout: str, rows: int, k: int, cols: int, min_time: float = 0.3) -> float | None:
     """MACs per second of the table's matmul with `cols` columns on an L2-resident matrix."""
     import numpy as np
-    from bench_kernels import random_weights, repacked
-    from pydecode._core import ffi, lib
+    from bench_kernels import bench, random_weights, repacked
+    from pydecode._core import lib
     if not lib.pd_isa_supported(isa.encode()):
         return None
     qtype = GGML[fmt]
@@ -91,16 +91,7 @@ def measured(isa: str, fmt: str, layout: str, rows: int, k: int, cols: int, min_
         if r is None or not lib.pd_kernel_has_repacked(isa.encode(), qtype):
             return None
         qtype, w = r
-    x = np.random.default_rng(1).standard_normal((cols, k)).astype(np.float32)
-    y = np.empty((cols, rows), np.float32)
-    args = (isa.encode(), qtype, ffi.from_buffer(w), w.shape[1], rows, k, ffi.from_buffer("float[]", x), cols,
-            ffi.from_buffer("float[]", y))
-    assert lib.pd_kernel_matmul(*args) == lib.PD_OK
-    best, start = 1e9, time.perf_counter()
-    while time.perf_counter() - start < min_time:
-        t = time.perf_counter()
-        lib.pd_kernel_matmul(*args)
-        best = min(best, time.perf_counter() - t)
+    best = min(bench(isa, qtype, [w], rows, k, cols, min_time))
     return rows * k * cols / best
 
 
